@@ -1,0 +1,54 @@
+"""bastion: serve AI agents to many users over HTTP, with Postgres as the system of record.
+
+This module is the public API; every other module's names are private unless re-exported here.
+"""
+
+from bastion._loop import AgentStreamResult, ExecuteToolHook
+from bastion.agent import Agent, AgentSession, AgentSessionClosedError, AgentTools, define_agent
+from bastion.errors import ToolError
+from bastion.policies import (
+    ToolPolicy,
+    sanitize_tool_error_for_model,
+    sanitize_tool_output,
+    sanitize_tool_output_for_model,
+    with_tool_policy,
+)
+from bastion.skills import Skill, SkillCatalog, create_skill_catalog
+from bastion.tools import (
+    DuplicateToolNameError,
+    Tool,
+    ToolCall,
+    ToolDenial,
+    ToolInputError,
+    compose_tools,
+    tool,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Agent",
+    "AgentSession",
+    "AgentSessionClosedError",
+    "AgentStreamResult",
+    "AgentTools",
+    "DuplicateToolNameError",
+    "ExecuteToolHook",
+    "Skill",
+    "SkillCatalog",
+    "Tool",
+    "ToolCall",
+    "ToolDenial",
+    "ToolError",
+    "ToolInputError",
+    "ToolPolicy",
+    "__version__",
+    "compose_tools",
+    "create_skill_catalog",
+    "define_agent",
+    "sanitize_tool_error_for_model",
+    "sanitize_tool_output",
+    "sanitize_tool_output_for_model",
+    "tool",
+    "with_tool_policy",
+]

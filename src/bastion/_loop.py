@@ -1,0 +1,491 @@
+"""bastion's agent loop: bounded steps on pydantic-ai's model stream, speaking UI message chunks.
+
+The loop owns what the turn needs between model calls: argument validation (invalid input goes back
+to the model as a bounded retry), approvals as a pause that ends the turn, policy checks through the
+guarded executors, tool exceptions turned into tool errors, and cancellation. It yields AI SDK UI
+message chunks directly, so the hot path does no translation between event types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic_ai.direct import model_request_stream
+from pydantic_ai.messages import (
+    InstructionPart,
+    ModelMessage,
+    ModelRequest,
+    ModelRequestPart,
+    PartDeltaEvent,
+    PartEndEvent,
+    PartStartEvent,
+    TextPart,
+    TextPartDelta,
+    ThinkingPart,
+    ThinkingPartDelta,
+    ToolCallPart,
+    ToolCallPartDelta,
+    ToolReturnPart,
+)
+from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import ToolDefinition
+from pydantic_core import to_jsonable_python
+
+from bastion._ui_messages import ConvertedHistory, denial_text
+from bastion.errors import ToolError
+from bastion.policies import GENERIC_TOOL_ERROR, tool_requires_approval
+from bastion.tools import Tool, ToolCall, ToolDenial, ToolInputError, run_executor
+
+logger = logging.getLogger("bastion.loop")
+
+Chunk = dict[str, Any]
+
+_FINISH_REASONS = {
+    "stop": "stop",
+    "length": "length",
+    "content_filter": "content-filter",
+    "tool_call": "tool-calls",
+    "error": "error",
+}
+
+
+class ExecuteToolHook(Protocol):
+    """Where every execution passes, e.g. `AgentRun.execute_tool` for exactly-once claims."""
+
+    def __call__(
+        self, *, name: str, tool_call_id: str, input: Any, execute: Callable[[], Awaitable[Any]]
+    ) -> Awaitable[Any]: ...
+
+
+@dataclass
+class TurnPlan:
+    """Everything one turn needs, prepared by the session before the model is called."""
+
+    history: ConvertedHistory
+    approvals: list[dict[str, Any]]
+    tools: dict[str, Tool]
+    instructions: str
+    skill_instructions: str | None
+    max_steps: int
+    tool_retries: int
+    execute_tool: ExecuteToolHook | None
+
+
+class _Cancelled(Exception):
+    """The application's cancellation signal was set."""
+
+
+class AgentStreamResult:
+    """One turn's stream: iterate it once for the UI message chunks (without `start`/`finish`).
+
+    After iteration, `finish_reason` is the UI finish reason and `cancelled` tells whether the
+    application's signal stopped the turn. A provider error propagates from the iteration.
+    """
+
+    def __init__(
+        self,
+        *,
+        plan: TurnPlan,
+        model: Model,
+        model_settings: ModelSettings | None,
+        cancel: asyncio.Event | None,
+        on_cancel: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._plan = plan
+        self._model = model
+        self._model_settings = model_settings
+        self._cancel = cancel
+        self._on_cancel = on_cancel
+        self._started = False
+        self.finish_reason: str | None = None
+        self.cancelled = False
+        self.messages: list[ModelMessage] = plan.history.messages
+        self.model_requests = 0
+
+    def __aiter__(self) -> AsyncIterator[Chunk]:
+        if self._started:
+            raise RuntimeError("An agent stream can be read once.")
+        self._started = True
+        return self._run()
+
+    def _is_cancelled(self) -> bool:
+        return self._cancel is not None and self._cancel.is_set()
+
+    async def _run(self) -> AsyncIterator[Chunk]:
+        try:
+            async for chunk in self._turn():
+                yield chunk
+        except _Cancelled:
+            self.cancelled = True
+            self.finish_reason = "other"
+            await self._on_cancel()
+
+    async def _turn(self) -> AsyncIterator[Chunk]:
+        plan = self._plan
+        if plan.approvals:
+            async for chunk in self._answer_approvals():
+                yield chunk
+        definitions = [_definition(item) for item in plan.tools.values() if item.native is None]
+        natives = [item.native for item in plan.tools.values() if item.native is not None]
+        instruction_parts = [InstructionPart(content=plan.instructions)] if plan.instructions else []
+        if plan.skill_instructions:
+            instruction_parts.append(InstructionPart(content=plan.skill_instructions))
+        parameters = ModelRequestParameters(
+            function_tools=definitions,
+            native_tools=natives,
+            allow_text_output=True,
+            instruction_parts=instruction_parts or None,
+        )
+        instructions = "\n\n".join(part.content for part in instruction_parts) or None
+        retries: dict[str, int] = {}
+        for step in range(plan.max_steps):
+            self._check_cancel()
+            _set_instructions(self.messages, instructions)
+            yield {"type": "start-step"}
+            calls: list[ToolCallPart] = []
+            async for chunk in self._model_step(step, parameters, calls):
+                yield chunk
+            outcome = _StepOutcome()
+            async for chunk in self._run_tools(calls, retries, outcome):
+                yield chunk
+            yield {"type": "finish-step"}
+            if outcome.results:
+                self.messages.append(ModelRequest(parts=outcome.results))
+            if not calls or outcome.paused or outcome.retries_exhausted:
+                break
+        self._check_cancel()
+
+    def _check_cancel(self) -> None:
+        if self._is_cancelled():
+            raise _Cancelled
+
+    async def _model_step(
+        self, step: int, parameters: ModelRequestParameters, calls: list[ToolCallPart]
+    ) -> AsyncIterator[Chunk]:
+        self.model_requests += 1
+        open_parts: dict[int, Chunk] = {}
+        async with model_request_stream(
+            self._model,
+            self.messages,
+            model_settings=self._model_settings,
+            model_request_parameters=parameters,
+        ) as stream:
+            async for event in stream:
+                if self._cancel is not None and self._cancel.is_set():
+                    for chunk in _close_open_parts(open_parts):
+                        yield chunk
+                    yield {"type": "finish-step"}
+                    raise _Cancelled
+                kind = type(event)
+                if kind is PartDeltaEvent:
+                    delta = event.delta  # type: ignore[union-attr]
+                    opened = open_parts.get(event.index)  # type: ignore[union-attr]
+                    if opened is None:
+                        continue
+                    if type(delta) is TextPartDelta:
+                        yield {"type": "text-delta", "id": opened["id"], "delta": delta.content_delta}
+                    elif type(delta) is ThinkingPartDelta:
+                        if delta.content_delta:
+                            yield {
+                                "type": "reasoning-delta",
+                                "id": opened["id"],
+                                "delta": delta.content_delta,
+                            }
+                    elif type(delta) is ToolCallPartDelta and isinstance(delta.args_delta, str):
+                        yield {
+                            "type": "tool-input-delta",
+                            "toolCallId": opened["toolCallId"],
+                            "inputTextDelta": delta.args_delta,
+                        }
+                elif kind is PartStartEvent:
+                    for chunk in self._start_part(step, event, open_parts):  # type: ignore[arg-type]
+                        yield chunk
+                elif kind is PartEndEvent:
+                    opened = open_parts.pop(event.index, None)  # type: ignore[union-attr]
+                    if opened is not None and opened["type"] != "tool":
+                        yield {"type": f"{opened['type']}-end", "id": opened["id"]}
+            response = stream.get()
+        for chunk in _close_open_parts(open_parts):
+            yield chunk
+        self.messages.append(response)
+        calls.extend(part for part in response.parts if isinstance(part, ToolCallPart))
+        self.finish_reason = _FINISH_REASONS.get(response.finish_reason or "stop", "other")
+        if calls:
+            self.finish_reason = "tool-calls"
+
+    def _start_part(self, step: int, event: PartStartEvent, open_parts: dict[int, Chunk]) -> list[Chunk]:
+        part = event.part
+        part_id = f"{step}-{event.index}"
+        if isinstance(part, TextPart):
+            open_parts[event.index] = {"type": "text", "id": part_id}
+            chunks: list[Chunk] = [{"type": "text-start", "id": part_id}]
+            if part.content:
+                chunks.append({"type": "text-delta", "id": part_id, "delta": part.content})
+            return chunks
+        if isinstance(part, ThinkingPart):
+            open_parts[event.index] = {"type": "reasoning", "id": part_id}
+            chunks = [{"type": "reasoning-start", "id": part_id}]
+            if part.content:
+                chunks.append({"type": "reasoning-delta", "id": part_id, "delta": part.content})
+            return chunks
+        if isinstance(part, ToolCallPart):
+            open_parts[event.index] = {"type": "tool", "toolCallId": part.tool_call_id}
+            start: Chunk = {
+                "type": "tool-input-start",
+                "toolCallId": part.tool_call_id,
+                "toolName": part.tool_name,
+            }
+            if self._is_dynamic(part.tool_name):
+                start["dynamic"] = True
+            chunks = [start]
+            if isinstance(part.args, str) and part.args:
+                chunks.append(
+                    {"type": "tool-input-delta", "toolCallId": part.tool_call_id, "inputTextDelta": part.args}
+                )
+            return chunks
+        return []
+
+    def _is_dynamic(self, name: str) -> bool:
+        item = self._plan.tools.get(name)
+        return item is None or item.dynamic
+
+    async def _run_tools(
+        self, calls: list[ToolCallPart], retries: dict[str, int], outcome: _StepOutcome
+    ) -> AsyncIterator[Chunk]:
+        runnable: list[tuple[Tool, ToolCall]] = []
+        for part in calls:
+            item = self._plan.tools.get(part.tool_name)
+            dynamic = self._is_dynamic(part.tool_name)
+            try:
+                raw_input = part.args_as_dict(raise_if_invalid=True)
+            except (ValueError, AssertionError):
+                raw_input = part.args if isinstance(part.args, dict) else {}
+                yield _input_error(
+                    part, raw_input, "Invalid input: the arguments are not a JSON object.", dynamic
+                )
+                outcome.retry(part, "The arguments must be a JSON object.", retries, self._plan.tool_retries)
+                continue
+            if item is None:
+                yield _input_error(part, raw_input, f"Unknown tool: {part.tool_name}", dynamic)
+                outcome.retry(
+                    part, f"Unknown tool name: {part.tool_name!r}.", retries, self._plan.tool_retries
+                )
+                continue
+            try:
+                item.check_input(raw_input)
+            except ToolInputError as error:
+                yield _input_error(part, raw_input, f"Invalid input: {error}", dynamic)
+                outcome.retry(part, f"Invalid arguments: {error}", retries, self._plan.tool_retries)
+                continue
+            available: Chunk = {
+                "type": "tool-input-available",
+                "toolCallId": part.tool_call_id,
+                "toolName": part.tool_name,
+                "input": raw_input,
+            }
+            if dynamic:
+                available["dynamic"] = True
+            yield available
+            call = ToolCall(tool_name=part.tool_name, input=raw_input, tool_call_id=part.tool_call_id)
+            if await tool_requires_approval(item, call):
+                yield {
+                    "type": "tool-approval-request",
+                    "approvalId": _new_id(),
+                    "toolCallId": part.tool_call_id,
+                }
+                outcome.paused = True
+                continue
+            runnable.append((item, call))
+        for chunk, result in await self._execute_all(runnable):
+            yield chunk
+            outcome.results.append(result)
+
+    async def _answer_approvals(self) -> AsyncIterator[Chunk]:
+        """Run (or refuse) the calls the user answered, before the model is called again."""
+        history = self._plan.history
+        runnable: list[tuple[Tool, ToolCall]] = []
+        for part in self._plan.approvals:
+            call_id = str(part["toolCallId"])
+            awaiting = history.awaiting.get(call_id)
+            name = awaiting.tool_name if awaiting is not None else str(part.get("toolName", ""))
+            approval = part.get("approval") or {}
+            item = self._plan.tools.get(name)
+            if approval.get("approved") is not True:
+                yield {"type": "tool-output-denied", "toolCallId": call_id}
+                self._add_result(
+                    ToolReturnPart(
+                        tool_name=name,
+                        content=denial_text(approval.get("reason")),
+                        tool_call_id=call_id,
+                        outcome="denied",
+                    )
+                )
+                continue
+            call = ToolCall(tool_name=name, input=part.get("input"), tool_call_id=call_id)
+            if item is None:
+                error_text = "This tool is no longer available."
+                yield {"type": "tool-output-error", "toolCallId": call_id, "errorText": error_text}
+                self._add_result(
+                    ToolReturnPart(tool_name=name, content=error_text, tool_call_id=call_id, outcome="failed")
+                )
+                continue
+            runnable.append((item, call))
+        for chunk, result in await self._execute_all(runnable):
+            yield chunk
+            self._add_result(result)
+
+    def _add_result(self, result: ModelRequestPart) -> None:
+        history = self._plan.history
+        if (
+            history.open_results is not None
+            and isinstance(result, ToolReturnPart)
+            and result.tool_call_id in history.awaiting
+        ):
+            history.open_results.append(result)
+
+    async def _execute_all(
+        self, runnable: list[tuple[Tool, ToolCall]]
+    ) -> list[tuple[Chunk, ModelRequestPart]]:
+        """Run a step's calls concurrently; their results keep the order of the calls."""
+        if not runnable:
+            return []
+        if len(runnable) == 1:
+            return [await self._execute(*runnable[0])]
+        return list(await asyncio.gather(*(self._execute(item, call) for item, call in runnable)))
+
+    async def _execute(self, item: Tool, call: ToolCall) -> tuple[Chunk, ModelRequestPart]:
+        try:
+            output = await self._cancellable(self._invoke(item, call))
+        except _Cancelled:
+            raise
+        except ToolError as error:
+            return self._error(item, call, error.message)
+        except Exception:
+            logger.exception("Tool %s failed.", call.tool_name)
+            return self._error(item, call, GENERIC_TOOL_ERROR)
+        if isinstance(output, ToolDenial):
+            ui_output = to_jsonable_python(output.output)
+            chunk = {"type": "tool-output-available", "toolCallId": call.tool_call_id, "output": ui_output}
+            return chunk, ToolReturnPart(
+                tool_name=call.tool_name, content=ui_output, tool_call_id=call.tool_call_id, outcome="denied"
+            )
+        try:
+            model_view = item.model_view(output, call)
+            ui_output = to_jsonable_python(output)
+        except Exception:
+            logger.exception("Converting the result of %s failed.", call.tool_name)
+            return self._error(item, call, GENERIC_TOOL_ERROR)
+        chunk = {"type": "tool-output-available", "toolCallId": call.tool_call_id, "output": ui_output}
+        return chunk, ToolReturnPart(
+            tool_name=call.tool_name, content=model_view, tool_call_id=call.tool_call_id
+        )
+
+    def _error(self, item: Tool, call: ToolCall, error_text: str) -> tuple[Chunk, ModelRequestPart]:
+        shown = item.error_view(error_text, call)
+        chunk = {"type": "tool-output-error", "toolCallId": call.tool_call_id, "errorText": shown}
+        return chunk, ToolReturnPart(
+            tool_name=call.tool_name, content=shown, tool_call_id=call.tool_call_id, outcome="failed"
+        )
+
+    async def _invoke(self, item: Tool, call: ToolCall) -> Any:
+        executor = item.execute
+        if executor is None:
+            raise RuntimeError(f"Tool {item.name!r} has no executor.")
+
+        async def execute() -> Any:
+            return await run_executor(executor, call)
+
+        hook = self._plan.execute_tool
+        if hook is None:
+            return await execute()
+        return await hook(
+            name=call.tool_name, tool_call_id=call.tool_call_id, input=call.input, execute=execute
+        )
+
+    async def _cancellable(self, work: Awaitable[Any]) -> Any:
+        """Await `work`, abandoning it (cancelled) as soon as the cancellation signal is set."""
+        if self._cancel is None:
+            return await work
+        self._check_cancel()
+        task = asyncio.ensure_future(work)
+        waiter = asyncio.ensure_future(self._cancel.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise _Cancelled
+        return task.result()
+
+
+@dataclass
+class _StepOutcome:
+    """What running one step's tool calls produced for the next model request."""
+
+    results: list[ModelRequestPart] = field(default_factory=list)
+    paused: bool = False
+    retries_exhausted: bool = False
+
+    def retry(self, part: ToolCallPart, message: str, retries: dict[str, int], limit: int) -> None:
+        """Send the problem back to the model, at most `limit` times per tool in a turn."""
+        used = retries.get(part.tool_name, 0)
+        if used >= limit:
+            self.retries_exhausted = True
+        retries[part.tool_name] = used + 1
+        self.results.append(
+            ToolReturnPart(
+                tool_name=part.tool_name, content=message, tool_call_id=part.tool_call_id, outcome="retried"
+            )
+        )
+
+
+def _input_error(part: ToolCallPart, raw_input: Any, error_text: str, dynamic: bool) -> Chunk:
+    chunk: Chunk = {
+        "type": "tool-input-error",
+        "toolCallId": part.tool_call_id,
+        "toolName": part.tool_name,
+        "input": raw_input,
+        "errorText": error_text,
+    }
+    if dynamic:
+        chunk["dynamic"] = True
+    return chunk
+
+
+def _close_open_parts(open_parts: dict[int, Chunk]) -> list[Chunk]:
+    chunks = [
+        {"type": f"{opened['type']}-end", "id": opened["id"]}
+        for opened in open_parts.values()
+        if opened["type"] != "tool"
+    ]
+    open_parts.clear()
+    return chunks
+
+
+def _definition(item: Tool) -> ToolDefinition:
+    return ToolDefinition(
+        name=item.name,
+        description=item.description or None,
+        parameters_json_schema=dict(item.input_schema),
+        strict=item.strict,
+    )
+
+
+def _set_instructions(messages: list[ModelMessage], instructions: str | None) -> None:
+    """Providers read the instructions from the latest request; the agent's are static."""
+    for message in reversed(messages):
+        if isinstance(message, ModelRequest):
+            message.instructions = instructions
+            return
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex

@@ -1,0 +1,310 @@
+"""Application-defined permissions for tools: exposure, execution, approval and what the model may see.
+
+Each concern is decided independently and fails closed: an error in a visibility or execution check
+denies, an error in an approval predicate requires approval, and a failing projection or error
+formatter gives the model the denial or a generic error instead of the raw value.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar
+
+from bastion.tools import Tool, ToolCall, ToolDenial, run_executor
+
+__all__ = [
+    "DEFAULT_DENIED_OUTPUT",
+    "GENERIC_TOOL_ERROR",
+    "REDACTED_OUTPUT",
+    "ToolPolicy",
+    "sanitize_tool_error_for_model",
+    "sanitize_tool_output",
+    "sanitize_tool_output_for_model",
+    "with_tool_policy",
+]
+
+ContextT = TypeVar("ContextT")
+
+logger = logging.getLogger("bastion.policies")
+
+DEFAULT_DENIED_OUTPUT: Mapping[str, str] = {
+    "error": "permission_denied",
+    "message": "This tool call is not allowed.",
+}
+REDACTED_OUTPUT: Mapping[str, str] = {"redacted": "This result is not available."}
+GENERIC_TOOL_ERROR = "Tool execution failed."
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolPolicy(Generic[ContextT]):
+    """What one tool may do for the current context. Every field is optional.
+
+    - `visible(context)`: whether the model is offered the tool at all (synchronous).
+    - `can_execute(context, call)`: checked before every execution, again after an approval.
+    - `needs_approval`: True, or a predicate; it can add a requirement but never remove the tool's own.
+    - `model_output(output, context, call)`: the projection of a result the model may see; the full
+      result stays for the authorized UI.
+    - `model_error(error_text, context, call)`: the error text the model and the UI may see.
+    - `denied_output`: what the model is told when execution is refused.
+    """
+
+    visible: Callable[[ContextT], bool] | None = None
+    can_execute: Callable[[ContextT, ToolCall], Awaitable[bool] | bool] | None = None
+    needs_approval: bool | Callable[[ContextT, ToolCall], Awaitable[bool] | bool] = False
+    model_output: Callable[[Any, ContextT, ToolCall], Any] | None = None
+    model_error: Callable[[str, ContextT, ToolCall], str] | None = None
+    denied_output: Any = field(default_factory=lambda: dict(DEFAULT_DENIED_OUTPUT))
+
+    @property
+    def guards_execution(self) -> bool:
+        return (
+            self.can_execute is not None
+            or self.needs_approval is not False
+            or self.model_output is not None
+            or self.model_error is not None
+        )
+
+
+def is_visible(policy: ToolPolicy[ContextT], context: ContextT) -> bool:
+    if policy.visible is None:
+        return True
+    try:
+        return policy.visible(context) is True
+    except Exception:
+        logger.warning("Tool visibility check failed; hiding the tool.", exc_info=True)
+        return False
+
+
+async def is_execution_allowed(policy: ToolPolicy[ContextT], context: ContextT, call: ToolCall) -> bool:
+    if policy.can_execute is None:
+        return True
+    try:
+        decision = policy.can_execute(context, _copy_call(call))
+        if inspect.isawaitable(decision):
+            decision = await decision
+    except Exception:
+        logger.warning("Tool execution check failed; denying %s.", call.tool_name, exc_info=True)
+        return False
+    return decision is True
+
+
+async def _policy_requires_approval(policy: ToolPolicy[ContextT], context: ContextT, call: ToolCall) -> bool:
+    requirement = policy.needs_approval
+    if not callable(requirement):
+        return requirement is not False
+    try:
+        decision = requirement(context, _copy_call(call))
+        if inspect.isawaitable(decision):
+            decision = await decision
+    except Exception:
+        logger.warning("Tool approval check failed; requiring approval.", exc_info=True)
+        return True
+    return decision is not False
+
+
+async def tool_requires_approval(item: Tool, call: ToolCall) -> bool:
+    """The tool's own approval requirement; a failing predicate requires approval."""
+    requirement = item.needs_approval
+    if not callable(requirement):
+        return requirement is not False
+    try:
+        decision = requirement(_copy_call(call))
+        if inspect.isawaitable(decision):
+            decision = await decision
+    except Exception:
+        logger.warning("Tool approval check failed; requiring approval.", exc_info=True)
+        return True
+    return decision is not False
+
+
+def _copy_call(call: ToolCall) -> ToolCall:
+    """Policies get their own copy of the input, so they cannot change what runs or what is stored."""
+    return ToolCall(tool_name=call.tool_name, input=copy.deepcopy(call.input), tool_call_id=call.tool_call_id)
+
+
+def project_output(policy: ToolPolicy[ContextT], output: Any, context: ContextT, call: ToolCall) -> Any:
+    """The model's view of a result; a failing projection gives the denial instead of the raw value."""
+    if isinstance(output, ToolDenial) or policy.model_output is None:
+        return output
+    try:
+        return policy.model_output(copy.deepcopy(output), context, _copy_call(call))
+    except Exception:
+        logger.warning("Tool output projection failed; withholding the result.", exc_info=True)
+        return ToolDenial(policy.denied_output)
+
+
+def _unwrap(value: Any) -> Any:
+    return value.output if isinstance(value, ToolDenial) else value
+
+
+def format_error(policy: ToolPolicy[ContextT], error_text: str, context: ContextT, call: ToolCall) -> str:
+    """The error text the model and the UI see; a failing formatter gives a generic error."""
+    if policy.model_error is None:
+        return error_text
+    try:
+        formatted = policy.model_error(error_text, context, _copy_call(call))
+    except Exception:
+        logger.warning("Tool error formatter failed; using a generic error.", exc_info=True)
+        return GENERIC_TOOL_ERROR
+    return formatted if isinstance(formatted, str) else GENERIC_TOOL_ERROR
+
+
+def with_tool_policy(
+    tools: Iterable[Tool],
+    *,
+    context: ContextT,
+    policies: Mapping[str, ToolPolicy[ContextT]],
+) -> list[Tool]:
+    """Apply a permission map to a tool source: only listed, visible tools remain, each guarded.
+
+    A tool that is not in the map is not exposed, so a remote server adding a tool grants nothing.
+    """
+    guarded: list[Tool] = []
+    for item in tools:
+        policy = policies.get(item.name)
+        if policy is None or not is_visible(policy, context):
+            continue
+        guarded.append(guard_tool(item, policy, context))
+    return guarded
+
+
+def guard_tool(item: Tool, policy: ToolPolicy[ContextT], context: ContextT) -> Tool:
+    """The tool with its policy's checks folded into approval, execution, projection and errors."""
+    if item.provider_executed:
+        if policy.guards_execution:
+            raise ValueError(f"Provider-executed tool {item.name!r} cannot use execution policies.")
+        return item
+    original_execute = item.execute
+    own_approval = item.needs_approval
+    own_projection = item.model_projection
+    own_error_format = item.error_format
+
+    async def needs_approval(call: ToolCall) -> bool:
+        if await tool_requires_approval(replace(item, needs_approval=own_approval), call):
+            return True
+        return await _policy_requires_approval(policy, context, call)
+
+    async def execute(call: ToolCall) -> Any:
+        if not await is_execution_allowed(policy, context, call):
+            return ToolDenial(policy.denied_output)
+        if original_execute is None:
+            raise RuntimeError(f"Tool {item.name!r} has no executor.")
+        return await run_executor(original_execute, call)
+
+    def model_projection(output: Any, call: ToolCall) -> Any:
+        projected = project_output(policy, output, context, call)
+        if isinstance(projected, ToolDenial) or own_projection is None:
+            return projected
+        return own_projection(projected, call)
+
+    def error_format(error_text: str, call: ToolCall) -> str:
+        formatted = format_error(policy, error_text, context, call)
+        return formatted if own_error_format is None else own_error_format(formatted, call)
+
+    return replace(
+        item,
+        execute=execute if original_execute is not None else None,
+        needs_approval=needs_approval if (own_approval is not False or policy.needs_approval) else False,
+        model_projection=model_projection,
+        error_format=error_format,
+    )
+
+
+def sanitize_tool_output(
+    part: Mapping[str, Any],
+    *,
+    context: ContextT,
+    policies: Mapping[str, ToolPolicy[ContextT]],
+    redact_unknown: bool = True,
+) -> dict[str, Any]:
+    """A stored tool part with its output projected for sharing; unknown or hidden tools are redacted.
+
+    Synchronous: it applies visibility and the output projection, not execution checks.
+    """
+    sanitized = dict(part)
+    if part.get("state") != "output-available":
+        return sanitized
+    name = tool_part_name(part)
+    policy = policies.get(name) if name is not None else None
+    if name is None or policy is None:
+        if redact_unknown:
+            sanitized["output"] = dict(REDACTED_OUTPUT)
+        return sanitized
+    if not is_visible(policy, context):
+        sanitized["output"] = dict(REDACTED_OUTPUT)
+        return sanitized
+    sanitized["output"] = _unwrap(
+        project_output(policy, part.get("output"), context, _stored_call(part, name))
+    )
+    return sanitized
+
+
+async def sanitize_tool_output_for_model(
+    part: Mapping[str, Any],
+    *,
+    context: ContextT,
+    policies: Mapping[str, ToolPolicy[ContextT]],
+) -> dict[str, Any]:
+    """A stored result as the model may see it now: current visibility and execution checks run again.
+
+    A tool that is hidden, refused, or no longer listed becomes a denial.
+    """
+    name = tool_part_name(part)
+    policy = policies.get(name) if name is not None else None
+    sanitized = dict(part)
+    if name is None or policy is None:
+        return _as_denied(sanitized, DEFAULT_DENIED_OUTPUT)
+    call = _stored_call(part, name)
+    if not is_visible(policy, context) or not await is_execution_allowed(policy, context, call):
+        return _as_denied(sanitized, policy.denied_output)
+    if part.get("state") == "output-available":
+        sanitized["output"] = _unwrap(project_output(policy, part.get("output"), context, call))
+    return sanitized
+
+
+async def sanitize_tool_error_for_model(
+    part: Mapping[str, Any],
+    *,
+    context: ContextT,
+    policies: Mapping[str, ToolPolicy[ContextT]],
+) -> dict[str, Any]:
+    """A stored tool error as the model may see it now, with the current error formatter applied."""
+    name = tool_part_name(part)
+    policy = policies.get(name) if name is not None else None
+    sanitized = dict(part)
+    if name is None or policy is None:
+        return _as_denied(sanitized, DEFAULT_DENIED_OUTPUT)
+    call = _stored_call(part, name)
+    if not is_visible(policy, context) or not await is_execution_allowed(policy, context, call):
+        return _as_denied(sanitized, policy.denied_output)
+    if part.get("state") == "output-error":
+        sanitized["errorText"] = format_error(policy, str(part.get("errorText", "")), context, call)
+    return sanitized
+
+
+def _as_denied(part: dict[str, Any], denied_output: Any) -> dict[str, Any]:
+    part.pop("errorText", None)
+    part["state"] = "output-available"
+    part["output"] = copy.deepcopy(denied_output)
+    return part
+
+
+def _stored_call(part: Mapping[str, Any], name: str) -> ToolCall:
+    return ToolCall(tool_name=name, input=part.get("input"), tool_call_id=str(part.get("toolCallId", "")))
+
+
+def tool_part_name(part: Mapping[str, Any]) -> str | None:
+    """The tool name of a UI tool part (`tool-<name>` or `dynamic-tool`), or None for other parts."""
+    kind = part.get("type")
+    if not isinstance(kind, str):
+        return None
+    if kind == "dynamic-tool":
+        name = part.get("toolName")
+        return name if isinstance(name, str) else None
+    if kind.startswith("tool-"):
+        return kind[len("tool-") :]
+    return None
