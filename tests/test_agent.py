@@ -13,6 +13,7 @@ import pytest
 from pydantic_ai.messages import ModelRequest, ToolReturnPart
 
 from bastion import (
+    AgentCancelledError,
     AgentSessionClosedError,
     AgentTools,
     DuplicateToolNameError,
@@ -632,6 +633,39 @@ async def test_cancellation_while_preparing_the_history_closes_resources() -> No
     with pytest.raises(asyncio.CancelledError):
         await task
     assert recorder.closed == 1
+
+
+async def test_cancellation_during_tool_discovery_cancels_the_factory_and_raises() -> None:
+    cancel = asyncio.Event()
+    factory_cancelled = asyncio.Event()
+
+    async def discover(ctx: Ctx) -> list[Tool]:
+        cancel.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            factory_cancelled.set()
+            raise
+        return []
+
+    agent = define_agent(name="a", instructions="", tools=discover)
+    with pytest.raises(AgentCancelledError):
+        await agent.prepare(context=Ctx("u1"), cancel=cancel)
+    assert factory_cancelled.is_set()
+
+
+async def test_a_turn_cancelled_before_it_is_prepared_never_builds_tools() -> None:
+    built: list[str] = []
+    cancel = asyncio.Event()
+    cancel.set()
+
+    def factory(ctx: Ctx) -> list[Tool]:
+        built.append(ctx.user_id)
+        return []
+
+    with pytest.raises(AgentCancelledError):
+        await define_agent(name="a", instructions="", tools=factory).prepare(context=Ctx("u1"), cancel=cancel)
+    assert built == []
 
 
 async def test_a_tool_factory_may_be_async() -> None:

@@ -3,6 +3,7 @@
 This module is the public API; every other module's names are private unless re-exported here.
 """
 
+from bastion._cancel import AgentCancelledError
 from bastion._loop import AgentStreamResult, ExecuteToolHook
 from bastion.agent import Agent, AgentSession, AgentSessionClosedError, AgentTools, define_agent
 from bastion.errors import ToolError
@@ -28,6 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Agent",
+    "AgentCancelledError",
     "AgentSession",
     "AgentSessionClosedError",
     "AgentStreamResult",

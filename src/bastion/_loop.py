@@ -37,6 +37,7 @@ from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import ToolDefinition
 from pydantic_core import to_jsonable_python
 
+from bastion._cancel import AgentCancelledError, unless_cancelled
 from bastion._ui_messages import ConvertedHistory, denial_text
 from bastion.errors import ToolError
 from bastion.policies import GENERIC_TOOL_ERROR, tool_requires_approval
@@ -75,10 +76,6 @@ class TurnPlan:
     max_steps: int
     tool_retries: int
     execute_tool: ExecuteToolHook | None
-
-
-class _Cancelled(Exception):
-    """The application's cancellation signal was set."""
 
 
 class AgentStreamResult:
@@ -121,7 +118,7 @@ class AgentStreamResult:
         try:
             async for chunk in self._turn():
                 yield chunk
-        except _Cancelled:
+        except AgentCancelledError:
             self.cancelled = True
             self.finish_reason = "other"
             await self._on_cancel()
@@ -163,7 +160,7 @@ class AgentStreamResult:
 
     def _check_cancel(self) -> None:
         if self._is_cancelled():
-            raise _Cancelled
+            raise AgentCancelledError
 
     async def _model_step(
         self, step: int, parameters: ModelRequestParameters, calls: list[ToolCallPart]
@@ -181,7 +178,7 @@ class AgentStreamResult:
                     for chunk in _close_open_parts(open_parts):
                         yield chunk
                     yield {"type": "finish-step"}
-                    raise _Cancelled
+                    raise AgentCancelledError
                 kind = type(event)
                 if kind is PartDeltaEvent:
                     delta = event.delta  # type: ignore[union-attr]
@@ -361,8 +358,8 @@ class AgentStreamResult:
 
     async def _execute(self, item: Tool, call: ToolCall) -> tuple[Chunk, ModelRequestPart]:
         try:
-            output = await self._cancellable(self._invoke(item, call))
-        except _Cancelled:
+            output = await unless_cancelled(self._invoke(item, call), self._cancel)
+        except AgentCancelledError:
             raise
         except ToolError as error:
             return self._error(item, call, error.message)
@@ -407,23 +404,6 @@ class AgentStreamResult:
         return await hook(
             name=call.tool_name, tool_call_id=call.tool_call_id, input=call.input, execute=execute
         )
-
-    async def _cancellable(self, work: Awaitable[Any]) -> Any:
-        """Await `work`, abandoning it (cancelled) as soon as the cancellation signal is set."""
-        if self._cancel is None:
-            return await work
-        self._check_cancel()
-        task = asyncio.ensure_future(work)
-        waiter = asyncio.ensure_future(self._cancel.wait())
-        try:
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            raise _Cancelled
-        return task.result()
 
 
 @dataclass

@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeAlias, TypeVar
 from pydantic_ai.models import KnownModelName, Model, infer_model
 from pydantic_ai.settings import ModelSettings
 
+from bastion._cancel import unless_cancelled
 from bastion._loop import AgentStreamResult, ExecuteToolHook, TurnPlan
 from bastion._ui_messages import UIMessage, to_model_messages
 from bastion.policies import (
@@ -137,12 +138,15 @@ class Agent(Generic[ContextT]):
     ) -> AgentSession[ContextT]:
         """Build this turn's tools for a trusted context. Resources are closed if anything here fails.
 
+        If `cancel` is set while the tools are being built, the factory is cancelled (it must release
+        what it opened) and `AgentCancelledError` is raised.
+
         `cancel` stops the turn when set. `execute_tool` receives every execution (for example
         `AgentRun.execute_tool`, so each one goes through the persistence claim).
         """
         built = AgentTools()
         try:
-            built = await self._build_tools(context)
+            built = await unless_cancelled(self._build_tools(context), cancel)
             tools = list(built.tools)
             if self.skills is not None:
                 tools = compose_tools(tools, [self.skills.loader()])

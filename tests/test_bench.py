@@ -1,0 +1,27 @@
+"""The benchmarks run and check their own turns, so a broken setup fails here instead of reporting nonsense."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_the_loop_benchmark_runs_verified_turns(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load("loop_overhead")
+    assert await bench.bastion_turn() == bench.WORDS
+    assert await bench.bare_turn() > bench.WORDS
+    await bench.main(rounds=1, turns=1)
+    assert "ratio" in capsys.readouterr().out
