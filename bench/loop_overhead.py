@@ -103,15 +103,14 @@ async def main(rounds: int, turns: int) -> None:
         ours.append(await cpu_per_delta(bastion_turn, turns))
     ratios = [mine / base for mine, base in zip(ours, bare, strict=True)]
     print(f"rounds={rounds} turns/round={turns} deltas/turn={WORDS}")
-    print(
-        f"bare model stream : {statistics.median(bare):6.1f} µs/delta (min {min(bare):.1f}, max {max(bare):.1f})"
-    )
-    print(
-        f"bastion full turn : {statistics.median(ours):6.1f} µs/delta (min {min(ours):.1f}, max {max(ours):.1f})"
-    )
-    print(
-        f"ratio             : {statistics.median(ratios):6.2f}x (goal ≤ 1.5x; min {min(ratios):.2f}, max {max(ratios):.2f})"
-    )
+    print(f"bare model stream : {spread(bare, 'µs/delta')}")
+    print(f"bastion full turn : {spread(ours, 'µs/delta')}")
+    print(f"ratio             : {spread(ratios, 'x')} (goal ≤ 1.5x)")
+
+
+def spread(values: list[float], unit: str) -> str:
+    """The median with the range seen, so noisy rounds show."""
+    return f"{statistics.median(values):6.2f} {unit} (min {min(values):.2f}, max {max(values):.2f})"
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The benchmarks run and check their own turns, so a broken setup fails here instead of reporting nonsense."""
+"""The benchmarks run and check their own turns: a broken setup fails here instead of reporting nonsense."""
 
 from __future__ import annotations
 
