@@ -6,7 +6,21 @@ This module is the public API; every other module's names are private unless re-
 from bastion._cancel import AgentCancelledError
 from bastion._loop import AgentStreamResult, ExecuteToolHook
 from bastion.agent import Agent, AgentSession, AgentSessionClosedError, AgentTools, define_agent
+from bastion.approvals import AgentApprovalAuthorizationError, ApprovalDecision
 from bastion.errors import ToolError
+from bastion.history import AgentHistoryConflictError, reconcile_agent_messages
+from bastion.persistence import (
+    AgentPersistence,
+    AgentRun,
+    AgentRunInactiveError,
+    RunInput,
+    RunOutcome,
+    RunStart,
+    RunStatus,
+    ToolExecutionNotConfiguredError,
+    ToolOperation,
+    start_agent_run,
+)
 from bastion.policies import (
     ToolPolicy,
     sanitize_tool_error_for_model,
@@ -29,28 +43,42 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Agent",
+    "AgentApprovalAuthorizationError",
     "AgentCancelledError",
+    "AgentHistoryConflictError",
+    "AgentPersistence",
+    "AgentRun",
+    "AgentRunInactiveError",
     "AgentSession",
     "AgentSessionClosedError",
     "AgentStreamResult",
     "AgentTools",
+    "ApprovalDecision",
     "DuplicateToolNameError",
     "ExecuteToolHook",
+    "RunInput",
+    "RunOutcome",
+    "RunStart",
+    "RunStatus",
     "Skill",
     "SkillCatalog",
     "Tool",
     "ToolCall",
     "ToolDenial",
     "ToolError",
+    "ToolExecutionNotConfiguredError",
     "ToolInputError",
+    "ToolOperation",
     "ToolPolicy",
     "__version__",
     "compose_tools",
     "create_skill_catalog",
     "define_agent",
+    "reconcile_agent_messages",
     "sanitize_tool_error_for_model",
     "sanitize_tool_output",
     "sanitize_tool_output_for_model",
+    "start_agent_run",
     "tool",
     "with_tool_policy",
 ]

@@ -1,0 +1,182 @@
+"""The persistence contract: how an application stores runs, and the run object the framework drives.
+
+bastion defines no tables. An application (or a store from `bastion.stores`) implements
+`AgentPersistence` and the framework calls it at three points of a turn:
+
+- `start_run`: authorize the caller, claim the turn, reconcile the browser's messages with
+  `reconcile_agent_messages` and return the canonical history, atomically (one transaction).
+- `execute_tool`: persist an operation claim before running a tool's side effect, so it runs at most
+  once; a completed operation returns its stored result without running again.
+- `finish_run`: save the response and status and release the claim, fenced against newer runs and
+  idempotent.
+
+`start_agent_run` wraps these in an `AgentRun`, which enforces the ordering rules: no tool runs
+without the execution callback or after finishing has begun, and concurrent finishes share one save.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, Generic, Literal, TypeAlias, TypeVar, get_args
+
+__all__ = [
+    "AgentPersistence",
+    "AgentRun",
+    "AgentRunInactiveError",
+    "RunInput",
+    "RunOutcome",
+    "RunStart",
+    "RunStatus",
+    "ToolExecutionNotConfiguredError",
+    "ToolOperation",
+    "start_agent_run",
+]
+
+Context = TypeVar("Context")
+State = TypeVar("State")
+
+RunStatus: TypeAlias = Literal["completed", "failed", "cancelled"]
+_STATUSES: Final = frozenset(get_args(RunStatus))
+
+
+class ToolExecutionNotConfiguredError(Exception):
+    """A persisted run was asked to execute a tool, but its persistence has no execution callback."""
+
+    code: ClassVar[str] = "tool_execution_not_configured"
+
+    def __init__(self) -> None:
+        super().__init__("Tool execution persistence is not configured.")
+
+
+class AgentRunInactiveError(Exception):
+    """A tool was asked to run after the run began finishing."""
+
+    code: ClassVar[str] = "run_inactive"
+
+    def __init__(self) -> None:
+        super().__init__("This agent run is no longer active.")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunInput:
+    """What the browser asked for: its messages (untrusted, any JSON) and the AI SDK trigger."""
+
+    messages: Sequence[Any]
+    trigger: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStart(Generic[State]):
+    """A claimed turn: the canonical messages to run and the application's state for this run."""
+
+    messages: list[dict[str, Any]]
+    state: State
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOutcome:
+    """How a run ended: its status and the assembled assistant UI message, if there is one."""
+
+    status: RunStatus
+    response_message: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolOperation:
+    """One tool call to run at most once. `execute` performs the side effect; the callback decides."""
+
+    name: str
+    tool_call_id: str
+    input: Any
+    execute: Callable[[], Awaitable[Any]]
+
+
+class AgentPersistence(ABC, Generic[Context, State]):
+    """Application-owned storage of runs. Context and state are the application's; never sent to a model."""
+
+    @abstractmethod
+    async def start_run(self, context: Context, input: RunInput) -> RunStart[State]:
+        """Authorize, claim the turn and reconcile the messages in one transaction; raise to refuse."""
+
+    @abstractmethod
+    async def finish_run(self, context: Context, state: State, outcome: RunOutcome) -> None:
+        """Save the outcome and release the claim together, fenced against newer runs; idempotent."""
+
+    async def execute_tool(self, context: Context, state: State, operation: ToolOperation) -> Any:
+        """Claim the operation durably, then call `operation.execute()`, or return the stored result.
+
+        Validate a stored operation's tool name and input, and refuse a retry whose outcome is
+        uncertain. Not overriding this refuses every tool execution: the framework never runs an
+        unclaimed operation.
+        """
+        raise ToolExecutionNotConfiguredError()
+
+
+class AgentRun(Generic[Context, State]):
+    """One claimed turn. Created by `start_agent_run`; drives the persistence callbacks in order."""
+
+    def __init__(
+        self, *, persistence: AgentPersistence[Context, State], context: Context, start: RunStart[State]
+    ) -> None:
+        self._persistence = persistence
+        self._context = context
+        self.messages: Final = start.messages
+        self.state: Final = start.state
+        self._finishing_began = False
+        self._saved = False
+        self._save_failed = False
+        self._saving: asyncio.Future[None] | None = None
+
+    async def execute_tool(
+        self, *, name: str, tool_call_id: str, input: Any, execute: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """Run a tool's side effect through the application's execution callback, never around it."""
+        if self._finishing_began:
+            raise AgentRunInactiveError()
+        operation = ToolOperation(name=name, tool_call_id=tool_call_id, input=input, execute=execute)
+        return await self._persistence.execute_tool(self._context, self.state, operation)
+
+    async def finish(self, *, response_message: dict[str, Any] | None = None, status: RunStatus) -> None:
+        """Save the outcome once.
+
+        Calls while a save is in flight wait for that save (and share its error); after a successful
+        save, calls do nothing. After a failed save, a later call saves again, always as `failed`:
+        the response the first save carried was not stored. The save runs as its own task, so a
+        cancelled caller does not abort a save that others are waiting for.
+        """
+        if status not in _STATUSES:
+            raise ValueError(f"Unknown run status: {status!r}")
+        if self._saving is None and not self._saved:
+            outcome = RunOutcome(
+                status="failed" if self._save_failed else status, response_message=response_message
+            )
+            self._finishing_began = True
+            self._saving = asyncio.create_task(self._save(outcome))
+        if self._saving is not None:
+            await asyncio.shield(self._saving)
+
+    async def _save(self, outcome: RunOutcome) -> None:
+        try:
+            await self._persistence.finish_run(self._context, self.state, outcome)
+        except BaseException:
+            self._save_failed = True
+            raise
+        else:
+            self._saved = True
+        finally:
+            self._saving = None
+
+
+async def start_agent_run(
+    *,
+    persistence: AgentPersistence[Context, State],
+    context: Context,
+    messages: Sequence[Any],
+    trigger: str,
+) -> AgentRun[Context, State]:
+    """Claim a turn through `persistence.start_run`; its errors propagate and nothing else runs."""
+    start = await persistence.start_run(context, RunInput(messages=messages, trigger=trigger))
+    return AgentRun(persistence=persistence, context=context, start=start)
