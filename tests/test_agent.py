@@ -473,6 +473,26 @@ async def test_a_denied_call_never_runs_and_the_model_gets_the_reason() -> None:
     assert "Not today" in str(returned.content)
 
 
+async def test_answered_calls_run_but_the_model_waits_while_another_approval_is_open() -> None:
+    recorder = Recorder()
+    history = paused_history(approved=True)
+    history[1]["parts"].append(
+        {
+            "type": "tool-lookup",
+            "toolCallId": "c2",
+            "state": "approval-requested",
+            "input": {"q": "y"},
+            "approval": {"id": "ap2"},
+        }
+    )
+    model = ScriptedModel(["never"])
+    _, result, chunks = await run_turn(approval_agent(recorder), model, history)
+    assert types(chunks) == ["tool-output-available"]
+    assert recorder.executed == [{"q": "x", "user": "u1"}]
+    assert model.calls == 0
+    assert result.finish_reason == "tool-calls"
+
+
 async def test_execution_is_checked_again_after_an_approval() -> None:
     recorder = Recorder()
     agent = approval_agent(recorder, can_execute=lambda ctx, call: False)

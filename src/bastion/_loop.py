@@ -70,6 +70,7 @@ class TurnPlan:
 
     history: ConvertedHistory
     approvals: list[dict[str, Any]]
+    approvals_outstanding: bool
     tools: dict[str, Tool]
     instructions: str
     skill_instructions: str | None
@@ -128,6 +129,9 @@ class AgentStreamResult:
         if plan.approvals:
             async for chunk in self._answer_approvals():
                 yield chunk
+        if plan.approvals_outstanding:
+            self.finish_reason = "tool-calls"
+            return
         definitions = [_definition(item) for item in plan.tools.values() if item.native is None]
         natives = [item.native for item in plan.tools.values() if item.native is not None]
         instruction_parts = [InstructionPart(content=plan.instructions)] if plan.instructions else []

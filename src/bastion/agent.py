@@ -244,7 +244,7 @@ class AgentSession(Generic[ContextT]):
     async def _plan(self, messages: Sequence[Mapping[str, Any]]) -> TurnPlan:
         agent = self._agent
         history = [copy.deepcopy(dict(message)) for message in messages]
-        pending = _pending_approvals(history)
+        pending = _answered_approvals(history)
         history = await self._sanitize_history(history, exclude=frozenset(pending))
         if agent.prepare_messages is not None:
             history = list(await _call_hook(agent.prepare_messages, history, self._context))
@@ -257,6 +257,7 @@ class AgentSession(Generic[ContextT]):
         return TurnPlan(
             history=converted,
             approvals=list(pending.values()),
+            approvals_outstanding=_approvals_outstanding(history),
             tools=self._tools,
             instructions=agent.instructions,
             skill_instructions=agent.skills.instructions if agent.skills is not None else None,
@@ -327,12 +328,23 @@ def _insert_before_latest_user_message(history: list[UIMessage], extra: list[UIM
     return [*history, *extra]
 
 
-def _pending_approvals(history: list[UIMessage]) -> dict[str, dict[str, Any]]:
-    """Tool parts answered by the user in the latest assistant message, by call id."""
+def _latest_assistant_tool_parts(history: list[UIMessage], state: str) -> list[dict[str, Any]]:
     if not history or history[-1].get("role") != "assistant":
-        return {}
-    pending: dict[str, dict[str, Any]] = {}
-    for part in history[-1].get("parts") or []:
-        if part.get("state") == "approval-responded" and tool_part_name(part) is not None:
-            pending[str(part["toolCallId"])] = part
-    return pending
+        return []
+    return [
+        part
+        for part in history[-1].get("parts") or []
+        if part.get("state") == state and tool_part_name(part) is not None
+    ]
+
+
+def _answered_approvals(history: list[UIMessage]) -> dict[str, dict[str, Any]]:
+    """Tool parts answered by the user in the latest assistant message, by call id."""
+    return {
+        str(part["toolCallId"]): part for part in _latest_assistant_tool_parts(history, "approval-responded")
+    }
+
+
+def _approvals_outstanding(history: list[UIMessage]) -> bool:
+    """Whether the latest assistant message still waits for an answer; then the model is not called."""
+    return bool(_latest_assistant_tool_parts(history, "approval-requested"))
