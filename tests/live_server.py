@@ -1,0 +1,37 @@
+"""Serve an ASGI application with uvicorn on 127.0.0.1 (a free port) in a background thread.
+
+Tests talk to it over real HTTP; the application runs in the server thread's own event loop.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import uvicorn
+from starlette.types import ASGIApp
+
+
+@contextmanager
+def live_server(app: ASGIApp) -> Iterator[str]:
+    """Yield the base URL of `app` served by uvicorn until the block exits."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("The test server did not start.")
+        time.sleep(0.005)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()

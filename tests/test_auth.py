@@ -1,0 +1,518 @@
+"""Supabase token verification: what is accepted, every way a token is refused, and the key cache."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from bastion.auth import (
+    AuthenticationError,
+    KeySetUnavailableError,
+    SupabaseEnv,
+    TokenVerifier,
+    bearer_token,
+)
+from tests.live_server import live_server
+from tests.supabase_tokens import (
+    DROP,
+    EC_KID,
+    JWT_SECRET,
+    RSA_KID,
+    JwksHost,
+    SigningKeys,
+    ec_jwk,
+    es256,
+    hs256,
+    rs256,
+    rsa_jwk,
+    segment,
+    user_claims,
+)
+
+NOW = 1_800_000_000.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def keys() -> SigningKeys:
+    return SigningKeys()
+
+
+@pytest.fixture(scope="module")
+def served(keys: SigningKeys) -> Iterator[tuple[JwksHost, str]]:
+    host = JwksHost(keys.jwks())
+    with live_server(host.app) as url:
+        yield host, url
+
+
+@pytest.fixture
+def host(served: tuple[JwksHost, str]) -> JwksHost:
+    served[0].reset()
+    return served[0]
+
+
+@pytest.fixture
+def env(served: tuple[JwksHost, str]) -> SupabaseEnv:
+    return SupabaseEnv(url=served[1])
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def verifier(env: SupabaseEnv, host: JwksHost, clock: FakeClock) -> TokenVerifier:
+    return TokenVerifier(env, clock=clock)
+
+
+def claims(env: SupabaseEnv, **overrides: Any) -> dict[str, Any]:
+    return user_claims(env.issuer, NOW, **overrides)
+
+
+async def refused(verifier: TokenVerifier, token: str) -> AuthenticationError:
+    with pytest.raises(AuthenticationError) as caught:
+        await verifier.verify(token)
+    return caught.value
+
+
+# Accepted tokens
+
+
+async def test_es256_token_gives_the_principal_of_its_claims(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys
+) -> None:
+    principal = await verifier.verify(es256(keys, claims(env)))
+
+    assert principal.id == "7f1c1c4e-1b0a-4f39-9d38-6a1c2b7e9a01"
+    assert principal.email == "ada@example.com"
+    assert principal.role == "authenticated"
+    assert principal.is_anonymous is False
+    assert principal.aal == "aal1"
+    assert principal.session_id == "0b9a7c4e-5d1f-4a2b-8c3d-9e8f7a6b5c4d"
+    assert principal.tenant_id == "tenant-a"
+    assert principal.roles == ("member", "editor")
+    assert principal.claims["amr"][0]["method"] == "password"
+
+
+async def test_rs256_token_verifies(verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys) -> None:
+    principal = await verifier.verify(rs256(keys, claims(env)))
+
+    assert principal.id == "7f1c1c4e-1b0a-4f39-9d38-6a1c2b7e9a01"
+
+
+async def test_legacy_hs256_token_verifies_with_the_jwt_secret(served: tuple[JwksHost, str]) -> None:
+    env = SupabaseEnv(url=served[1], jwt_secret=JWT_SECRET)
+    verifier = TokenVerifier(env, clock=FakeClock())
+    token = hs256({"alg": "HS256", "typ": "JWT"}, claims(env), JWT_SECRET.encode())
+
+    assert (await verifier.verify(token)).id == "7f1c1c4e-1b0a-4f39-9d38-6a1c2b7e9a01"
+
+
+async def test_anonymous_sign_in_is_a_principal_marked_anonymous(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys
+) -> None:
+    token = es256(keys, claims(env, is_anonymous=True, email=DROP))
+
+    principal = await verifier.verify(token)
+
+    assert principal.is_anonymous is True
+    assert principal.email is None
+
+
+async def test_audience_list_containing_authenticated_is_accepted(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys
+) -> None:
+    token = es256(keys, claims(env, aud=["authenticated", "other"]))
+
+    assert (await verifier.verify(token)).role == "authenticated"
+
+
+async def test_expiry_within_the_leeway_is_accepted(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys
+) -> None:
+    token = es256(keys, claims(env, exp=int(NOW) - 20))
+
+    assert (await verifier.verify(token)).id
+
+
+async def test_expiry_beyond_the_leeway_is_refused(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys
+) -> None:
+    token = es256(keys, claims(env, exp=int(NOW) - 31))
+
+    assert (await refused(verifier, token)).code == "token_expired"
+
+
+# Hostile and malformed tokens
+
+Mint = Callable[[SigningKeys, SupabaseEnv], str]
+OTHER_EC = ec.generate_private_key(ec.SECP256R1())
+
+
+def rsa_public_pem(keys: SigningKeys) -> bytes:
+    return keys.rsa.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def with_header(token: str, header: dict[str, Any] | list[Any] | bytes) -> str:
+    _, payload, signature = token.split(".")
+    return f"{segment(header)}.{payload}.{signature}"
+
+
+def with_claims(token: str, new_claims: dict[str, Any]) -> str:
+    header, _, signature = token.split(".")
+    return f"{header}.{segment(new_claims)}.{signature}"
+
+
+HOSTILE: dict[str, tuple[Mint, str]] = {
+    "alg none with kid": (
+        lambda k, e: f"{segment({'alg': 'none', 'kid': EC_KID})}.{segment(claims(e))}.",
+        "malformed_token",
+    ),
+    "alg none with signature": (
+        lambda k, e: f"{segment({'alg': 'none', 'kid': EC_KID})}.{segment(claims(e))}.AAAA",
+        "invalid_signature",
+    ),
+    "HS256 signed with the RSA public key": (
+        lambda k, e: hs256({"alg": "HS256", "kid": RSA_KID}, claims(e), rsa_public_pem(k)),
+        "invalid_signature",
+    ),
+    "HS256 signed with the public key, no kid": (
+        lambda k, e: hs256({"alg": "HS256"}, claims(e), rsa_public_pem(k)),
+        "invalid_signature",
+    ),
+    "unknown kid": (lambda k, e: es256(k, claims(e), kid="not-a-project-key"), "invalid_signature"),
+    "no kid on an ES256 token": (lambda k, e: es256(k, claims(e), kid=None), "invalid_signature"),
+    "ES256 header on the RSA key": (
+        lambda k, e: with_header(rs256(k, claims(e)), {"alg": "ES256", "kid": RSA_KID}),
+        "invalid_signature",
+    ),
+    "RS256 header on the EC key": (
+        lambda k, e: with_header(es256(k, claims(e)), {"alg": "RS256", "kid": EC_KID}),
+        "invalid_signature",
+    ),
+    "signed by another key under the project's kid": (
+        lambda k, e: es256(SigningKeys(ec=OTHER_EC, rsa=k.rsa), claims(e)),
+        "invalid_signature",
+    ),
+    "payload changed after signing": (
+        lambda k, e: with_claims(es256(k, claims(e)), claims(e, sub="someone-else")),
+        "invalid_signature",
+    ),
+    "expired": (lambda k, e: es256(k, claims(e, exp=int(NOW) - 3600)), "token_expired"),
+    "wrong issuer": (
+        lambda k, e: es256(k, claims(e, iss="https://other.supabase.co/auth/v1")),
+        "invalid_claims",
+    ),
+    "issuer without /auth/v1": (lambda k, e: es256(k, claims(e, iss=e.url)), "invalid_claims"),
+    "wrong audience": (lambda k, e: es256(k, claims(e, aud="anon")), "invalid_claims"),
+    "audience list without authenticated": (
+        lambda k, e: es256(k, claims(e, aud=["other"])),
+        "invalid_claims",
+    ),
+    "service role": (lambda k, e: es256(k, claims(e, role="service_role")), "invalid_claims"),
+    "anon role": (lambda k, e: es256(k, claims(e, role="anon", aud="anon")), "invalid_claims"),
+    "empty sub": (lambda k, e: es256(k, claims(e, sub="")), "invalid_claims"),
+    "blank sub": (lambda k, e: es256(k, claims(e, sub="   ")), "invalid_claims"),
+    "missing sub": (lambda k, e: es256(k, claims(e, sub=DROP)), "invalid_claims"),
+    "non-string sub": (lambda k, e: es256(k, claims(e, sub=42)), "invalid_claims"),
+    "missing exp": (lambda k, e: es256(k, claims(e, exp=DROP)), "invalid_claims"),
+    "string exp": (lambda k, e: es256(k, claims(e, exp=str(int(NOW) + 60))), "invalid_claims"),
+    "huge exp": (lambda k, e: es256(k, claims(e, exp=10**400)), "invalid_claims"),
+    "nbf in the future": (lambda k, e: es256(k, claims(e, nbf=int(NOW) + 600)), "invalid_claims"),
+    "iat in the future": (lambda k, e: es256(k, claims(e, iat=int(NOW) + 600)), "invalid_claims"),
+    "truncated": (lambda k, e: es256(k, claims(e))[:-20], "invalid_signature"),
+    "two segments": (lambda k, e: es256(k, claims(e)).rsplit(".", 1)[0], "malformed_token"),
+    "four segments": (lambda k, e: es256(k, claims(e)) + ".AAAA", "malformed_token"),
+    "non-JSON header": (lambda k, e: with_header(es256(k, claims(e)), b"not json"), "malformed_token"),
+    "header is a JSON array": (lambda k, e: with_header(es256(k, claims(e)), [EC_KID]), "malformed_token"),
+    "non-JSON payload": (
+        lambda k, e: es256(k, claims(e)).split(".")[0] + "." + segment(b"\xff\xfe") + ".AAAA",
+        "invalid_signature",
+    ),
+    "crit header": (
+        lambda k, e: with_header(es256(k, claims(e)), {"alg": "ES256", "kid": EC_KID, "crit": ["exp"]}),
+        "malformed_token",
+    ),
+    "not base64url": (lambda k, e: "eyJ+/=.eyJ.sig", "malformed_token"),
+    "oversized": (lambda k, e: "a" * 20_000 + ".b.c", "malformed_token"),
+    "a publishable API key": (lambda k, e: "sb_publishable_abc123", "malformed_token"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=list(HOSTILE))
+async def test_hostile_token_is_refused_with_its_code(
+    case: str, verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys
+) -> None:
+    mint, code = HOSTILE[case]
+    token = mint(keys, env)
+
+    error = await refused(verifier, token)
+
+    assert error.code == code
+    assert token not in str(error) and token not in error.message
+
+
+async def test_public_key_as_hmac_secret_is_refused_even_with_a_legacy_secret(
+    served: tuple[JwksHost, str], keys: SigningKeys
+) -> None:
+    env = SupabaseEnv(url=served[1], jwt_secret=JWT_SECRET)
+    verifier = TokenVerifier(env, clock=FakeClock())
+    token = hs256({"alg": "HS256"}, claims(env), rsa_public_pem(keys))
+
+    assert (await refused(verifier, token)).code == "invalid_signature"
+
+
+async def test_hs256_token_is_refused_when_the_project_has_no_legacy_secret(
+    verifier: TokenVerifier, env: SupabaseEnv
+) -> None:
+    token = hs256({"alg": "HS256", "typ": "JWT"}, claims(env), JWT_SECRET.encode())
+
+    assert (await refused(verifier, token)).code == "invalid_signature"
+
+
+async def test_empty_token_is_missing(verifier: TokenVerifier) -> None:
+    assert (await refused(verifier, "")).code == "missing_token"
+
+
+# Identity claims
+
+
+async def test_tenant_and_roles_never_come_from_user_metadata(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys
+) -> None:
+    token = es256(keys, claims(env, app_metadata={"provider": "email"}))
+
+    principal = await verifier.verify(token)
+
+    assert principal.tenant_id is None
+    assert principal.roles == ()
+
+
+async def test_tenant_and_roles_claims_are_configurable(
+    env: SupabaseEnv, host: JwksHost, keys: SigningKeys
+) -> None:
+    verifier = TokenVerifier(env, tenant_claim="org", roles_claim="app_metadata.groups", clock=FakeClock())
+    token = es256(keys, claims(env, org="tenant-b", app_metadata={"groups": ["billing"]}))
+
+    principal = await verifier.verify(token)
+
+    assert (principal.tenant_id, principal.roles) == ("tenant-b", ("billing",))
+
+
+def test_claims_under_user_metadata_are_refused_as_configuration(env: SupabaseEnv) -> None:
+    with pytest.raises(ValueError, match="user_metadata"):
+        TokenVerifier(env, roles_claim="user_metadata.roles")
+
+
+async def test_malformed_roles_claim_grants_no_roles(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys
+) -> None:
+    token = es256(keys, claims(env, app_metadata={"roles": ["member", {"admin": True}]}))
+
+    assert (await verifier.verify(token)).roles == ()
+
+
+async def test_principal_claims_are_read_only(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys
+) -> None:
+    principal = await verifier.verify(es256(keys, claims(env)))
+
+    with pytest.raises(TypeError):
+        principal.claims["sub"] = "someone-else"  # type: ignore[index]
+
+
+# The key cache
+
+
+async def test_signing_keys_are_fetched_once_and_reused(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, host: JwksHost
+) -> None:
+    for _ in range(5):
+        await verifier.verify(es256(keys, claims(env)))
+        await verifier.verify(rs256(keys, claims(env)))
+
+    assert host.fetches == 1
+
+
+async def test_concurrent_first_verifications_share_one_fetch(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, host: JwksHost
+) -> None:
+    token = es256(keys, claims(env))
+
+    principals = await asyncio.gather(*(verifier.verify(token) for _ in range(20)))
+
+    assert len(principals) == 20
+    assert host.fetches == 1
+
+
+async def test_unknown_kid_refreshes_at_most_once_per_interval(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, host: JwksHost, clock: FakeClock
+) -> None:
+    await verifier.verify(es256(keys, claims(env)))
+    stranger = es256(keys, claims(env), kid="rotated-key")
+
+    for _ in range(5):
+        await refused(verifier, stranger)
+    fetches_within_interval = host.fetches
+    clock.now += 61
+    await refused(verifier, es256(keys, claims(env, exp=int(clock.now) + 60), kid="rotated-key"))
+
+    assert fetches_within_interval == 1
+    assert host.fetches == 2
+
+
+async def test_concurrent_unknown_kids_share_one_refresh(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, host: JwksHost, clock: FakeClock
+) -> None:
+    await verifier.verify(es256(keys, claims(env)))
+    clock.now += 61
+    stranger = es256(keys, claims(env, exp=int(clock.now) + 60), kid="rotated-key")
+
+    results = await asyncio.gather(*(verifier.verify(stranger) for _ in range(20)), return_exceptions=True)
+
+    assert all(isinstance(result, AuthenticationError) for result in results)
+    assert host.fetches == 2
+
+
+async def test_rotated_in_key_is_picked_up_by_a_refresh_after_the_interval(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, host: JwksHost, clock: FakeClock
+) -> None:
+    await verifier.verify(es256(keys, claims(env)))
+    new_key = ec.generate_private_key(ec.SECP256R1())
+    host.document = {"keys": [*keys.jwks()["keys"], ec_jwk(new_key.public_key(), "ec-key-2")]}
+    clock.now += 61
+
+    principal = await verifier.verify(
+        es256(SigningKeys(ec=new_key, rsa=keys.rsa), claims(env), kid="ec-key-2")
+    )
+
+    assert principal.id
+    assert host.fetches == 2
+
+
+async def test_key_set_older_than_max_age_is_fetched_again(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, host: JwksHost, clock: FakeClock
+) -> None:
+    await verifier.verify(es256(keys, claims(env)))
+    clock.now += 601
+
+    await verifier.verify(es256(keys, claims(env, exp=int(clock.now) + 60)))
+
+    assert host.fetches == 2
+
+
+async def test_removed_key_stops_verifying_once_the_key_set_ages(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, host: JwksHost, clock: FakeClock
+) -> None:
+    await verifier.verify(es256(keys, claims(env)))
+    host.document = {"keys": [rsa_jwk(keys.rsa.public_key(), RSA_KID)]}
+    clock.now += 601
+
+    error = await refused(verifier, es256(keys, claims(env, exp=int(clock.now) + 60)))
+
+    assert error.code == "invalid_signature"
+
+
+async def test_unreachable_key_set_is_a_server_fault_not_a_bad_token(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, host: JwksHost
+) -> None:
+    host.status = 503
+
+    with pytest.raises(KeySetUnavailableError):
+        await verifier.verify(es256(keys, claims(env)))
+
+
+async def test_failed_fetch_is_not_retried_within_the_interval(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, host: JwksHost, clock: FakeClock
+) -> None:
+    host.status = 503
+    for _ in range(3):
+        with pytest.raises(KeySetUnavailableError):
+            await verifier.verify(es256(keys, claims(env)))
+    host.status = 200
+    clock.now += 61
+
+    await verifier.verify(es256(keys, claims(env, exp=int(clock.now) + 60)))
+
+    assert host.fetches == 2
+
+
+async def test_inline_key_set_is_used_without_fetching(
+    served: tuple[JwksHost, str], keys: SigningKeys, host: JwksHost
+) -> None:
+    env = SupabaseEnv(url=served[1], jwks=keys.jwks())
+    verifier = TokenVerifier(env, clock=FakeClock())
+
+    await verifier.verify(rs256(keys, claims(env)))
+
+    assert host.fetches == 0
+
+
+def test_key_set_entries_that_are_not_public_signing_keys_are_skipped(keys: SigningKeys) -> None:
+    weak = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+    document = {
+        "keys": [
+            rsa_jwk(weak.public_key(), "weak"),
+            {**ec_jwk(keys.ec.public_key(), "private"), "d": "AAAA"},
+            {**ec_jwk(keys.ec.public_key(), "encryption"), "use": "enc"},
+            {"kty": "oct", "kid": "symmetric", "k": segment(JWT_SECRET.encode())},
+            {**ec_jwk(keys.ec.public_key(), "labelled-rs256"), "alg": "RS256"},
+        ]
+    }
+
+    with pytest.raises(ValueError, match="no usable"):
+        TokenVerifier(SupabaseEnv(url="https://example.supabase.co", jwks=document))
+
+
+# Configuration
+
+
+def test_env_repr_hides_keys_and_secrets() -> None:
+    env = SupabaseEnv(
+        url="https://example.supabase.co/",
+        publishable_keys={"default": "sb_publishable_visible_nowhere"},
+        secret_keys={"default": "sb_secret_visible_nowhere"},
+        jwt_secret=JWT_SECRET,
+    )
+
+    assert "visible_nowhere" not in repr(env) and JWT_SECRET not in repr(env)
+    assert env.secret_keys["default"] == "sb_secret_visible_nowhere"
+
+
+def test_env_derives_issuer_and_key_set_address_from_the_project_url() -> None:
+    env = SupabaseEnv(url="https://example.supabase.co/")
+
+    assert env.issuer == "https://example.supabase.co/auth/v1"
+    assert env.jwks_url == "https://example.supabase.co/auth/v1/.well-known/jwks.json"
+
+
+def test_short_legacy_secret_is_refused() -> None:
+    with pytest.raises(ValueError, match="jwt_secret"):
+        SupabaseEnv(url="https://example.supabase.co", jwt_secret="short")
+
+
+@pytest.mark.parametrize("header", [None, "", "Basic dXNlcjpwYXNz", "Bearer", "Bearer   "])
+def test_authorization_without_a_bearer_token_is_missing(header: str | None) -> None:
+    with pytest.raises(AuthenticationError) as caught:
+        bearer_token(header)
+
+    assert caught.value.code == "missing_token"
+
+
+def test_bearer_scheme_is_case_insensitive() -> None:
+    assert bearer_token("bearer abc.def.ghi") == "abc.def.ghi"
