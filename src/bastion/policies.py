@@ -73,10 +73,15 @@ def is_visible(policy: ToolPolicy[ContextT], context: ContextT) -> bool:
     if policy.visible is None:
         return True
     try:
-        return policy.visible(context) is True
+        decision = policy.visible(context)
     except Exception:
         logger.warning("Tool visibility check failed; hiding the tool.", exc_info=True)
         return False
+    if inspect.iscoroutine(decision):
+        decision.close()
+        logger.warning("Tool visibility checks must be synchronous; hiding the tool.")
+        return False
+    return decision is True
 
 
 async def is_execution_allowed(policy: ToolPolicy[ContextT], context: ContextT, call: ToolCall) -> bool:
@@ -134,7 +139,7 @@ def project_output(policy: ToolPolicy[ContextT], output: Any, context: ContextT,
         return policy.model_output(copy.deepcopy(output), context, _copy_call(call))
     except Exception:
         logger.warning("Tool output projection failed; withholding the result.", exc_info=True)
-        return ToolDenial(policy.denied_output)
+        return ToolDenial(copy.deepcopy(policy.denied_output))
 
 
 def _unwrap(value: Any) -> Any:
@@ -190,7 +195,7 @@ def guard_tool(item: Tool, policy: ToolPolicy[ContextT], context: ContextT) -> T
 
     async def execute(call: ToolCall) -> Any:
         if not await is_execution_allowed(policy, context, call):
-            return ToolDenial(policy.denied_output)
+            return ToolDenial(copy.deepcopy(policy.denied_output))
         if original_execute is None:
             raise RuntimeError(f"Tool {item.name!r} has no executor.")
         return await run_executor(original_execute, call)

@@ -17,7 +17,7 @@ from bastion.tools import Tool, ToolCall, ToolInputError
 __all__ = ["DEFAULT_SKILL_TOOL_NAME", "Skill", "SkillCatalog", "create_skill_catalog"]
 
 DEFAULT_SKILL_TOOL_NAME = "load_skill"
-_SKILL_NAME = re.compile(r"^[a-z0-9]+(?:[-_][a-z0-9]+)*$")
+_SKILL_NAME = re.compile(r"[a-z0-9]+(?:[-_][a-z0-9]+)*")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +78,7 @@ def create_skill_catalog(
         raise ValueError("A skill catalog needs at least one skill.")
     seen: set[str] = set()
     for skill in collected:
-        if not isinstance(skill.name, str) or not _SKILL_NAME.match(skill.name):
+        if not isinstance(skill.name, str) or not _SKILL_NAME.fullmatch(skill.name):
             raise ValueError(
                 f"Skill name {skill.name!r} must be lower-case letters and digits joined by '-' or '_'."
             )

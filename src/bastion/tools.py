@@ -28,7 +28,7 @@ __all__ = [
     "tool",
 ]
 
-_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +56,13 @@ class ToolDenial:
 class ToolInputError(ValueError):
     """The model's arguments do not match the tool's schema; the message goes back to the model."""
 
+    code = "invalid_tool_input"
+
 
 class DuplicateToolNameError(ValueError):
     """Two tool sources offer the same name without an explicit override."""
+
+    code = "duplicate_tool_name"
 
     def __init__(self, name: str) -> None:
         super().__init__(f"Duplicate tool name: {name!r}")
@@ -89,7 +93,7 @@ class Tool:
     error_format: Callable[[str, ToolCall], str] | None = None
 
     def __post_init__(self) -> None:
-        if not _TOOL_NAME.match(self.name):
+        if not isinstance(self.name, str) or not _TOOL_NAME.fullmatch(self.name):
             raise ValueError(
                 f"Tool name {self.name!r} must be 1–128 letters, digits, underscores or hyphens."
             )
