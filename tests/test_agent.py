@@ -721,7 +721,7 @@ async def test_context_messages_go_just_before_the_latest_user_message() -> None
     await run_turn(agent, model, [user("first", "1"), user("second", "2")])
     messages = model.requests[0].messages
     contents = [part.content for message in messages for part in message.parts]  # type: ignore[union-attr]
-    assert contents == [["first"], "Timezone: UTC", ["second"]]
+    assert contents == ["first", "Timezone: UTC", "second"]
     assert model.requests[0].info.instructions == "Static."
 
 

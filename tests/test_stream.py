@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,8 +23,8 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from bastion.stream import DEFAULT_ERROR_TEXT, StreamStatus, create_agent_stream_response
+from tests.ai_sdk import SDKS, run_chat, send
 
-JS_DIR = Path(__file__).parent / "js"
 Chunk = dict[str, Any]
 
 
@@ -520,41 +517,6 @@ async def test_a_cancelled_request_task_still_consumes_and_settles_the_turn() ->
 
 # --- the real AI SDK clients ---
 
-SDKS = ["7", "6"]
-
-
-@pytest.fixture(scope="session")
-def ai_sdk_clients() -> Path:
-    """The `ai` packages under tests/js, installed from the committed lock file when missing."""
-    if shutil.which("node") is None:
-        pytest.skip("Node.js is not installed: the AI SDK client tests run the `ai` package under node")
-    if not (JS_DIR / "node_modules" / "ai7").is_dir() or not (JS_DIR / "node_modules" / "ai6").is_dir():
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=JS_DIR, check=True, capture_output=True)
-    return JS_DIR
-
-
-async def run_client(
-    js_dir: Path, sdk: str, url: str, actions: list[dict[str, Any]], messages: Sequence[dict[str, Any]] = ()
-) -> list[dict[str, Any]]:
-    """Run `actions` on one AI SDK chat; returns the chat's state after each action."""
-    process = await asyncio.create_subprocess_exec(
-        "node",
-        "read-chat.mjs",
-        cwd=js_dir,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    request = {"sdk": sdk, "url": url, "chatId": "chat-1", "messages": list(messages), "actions": actions}
-    stdout, stderr = await process.communicate(json.dumps(request).encode())
-    assert process.returncode == 0, stderr.decode()
-    states: list[dict[str, Any]] = json.loads(stdout)
-    return states
-
-
-def send(text_: str) -> dict[str, Any]:
-    return {"type": "send", "text": text_}
-
 
 def client_message(state: dict[str, Any], message_id: str) -> dict[str, Any]:
     return next(m for m in state["messages"] if m["id"] == message_id)
@@ -603,29 +565,25 @@ APPROVAL_TURN = step(
 
 
 @pytest.mark.parametrize("sdk", SDKS)
-async def test_ai_sdk_client_assembles_plain_text_like_the_server(
-    server: StreamServer, ai_sdk_clients: Path, sdk: str
-) -> None:
+async def test_ai_sdk_client_assembles_plain_text_like_the_server(server: StreamServer, sdk: str) -> None:
     server.serve(ScriptedResult(step(text("t1", "Hello, ", "wörld 👋"))))
-    states = await run_client(ai_sdk_clients, sdk, server.url, [send("Hi")])
+    states = await run_chat(sdk, server.url, [send("Hi")])
     assert_client_matches_server(states, server)
     assert states[0]["finishReason"] == "stop"
 
 
 @pytest.mark.parametrize("sdk", SDKS)
 async def test_ai_sdk_client_assembles_a_tool_call_with_output_like_the_server(
-    server: StreamServer, ai_sdk_clients: Path, sdk: str
+    server: StreamServer, sdk: str
 ) -> None:
     server.serve(ScriptedResult(WEATHER_TURN))
-    states = await run_client(ai_sdk_clients, sdk, server.url, [send("Weather in Paris?")])
+    states = await run_chat(sdk, server.url, [send("Weather in Paris?")])
     assert_client_matches_server(states, server)
     assert type(server.finished[0][0]["parts"][3]["output"]["temperature"]) is int
 
 
 @pytest.mark.parametrize("sdk", SDKS)
-async def test_ai_sdk_client_assembles_tool_errors_like_the_server(
-    server: StreamServer, ai_sdk_clients: Path, sdk: str
-) -> None:
+async def test_ai_sdk_client_assembles_tool_errors_like_the_server(server: StreamServer, sdk: str) -> None:
     turn = [
         *step(
             {"type": "tool-input-available", "toolCallId": "c2", "toolName": "lookup", "input": {"id": 7}},
@@ -642,16 +600,16 @@ async def test_ai_sdk_client_assembles_tool_errors_like_the_server(
         *step(text("t1", "Both tools failed.")),
     ]
     server.serve(ScriptedResult(turn))
-    states = await run_client(ai_sdk_clients, sdk, server.url, [send("Look it up")])
+    states = await run_chat(sdk, server.url, [send("Look it up")])
     assert_client_matches_server(states, server)
 
 
 @pytest.mark.parametrize("sdk", SDKS)
 async def test_ai_sdk_client_assembles_an_approval_request_like_the_server(
-    server: StreamServer, ai_sdk_clients: Path, sdk: str
+    server: StreamServer, sdk: str
 ) -> None:
     server.serve(ScriptedResult(APPROVAL_TURN, finish_reason="tool-calls"))
-    states = await run_client(ai_sdk_clients, sdk, server.url, [send("Delete the report")])
+    states = await run_chat(sdk, server.url, [send("Delete the report")])
     assert_client_matches_server(states, server)
     assert server.finished[0][0]["parts"][1]["state"] == "approval-requested"
     assert states[0]["finishReason"] == "tool-calls"
@@ -659,7 +617,7 @@ async def test_ai_sdk_client_assembles_an_approval_request_like_the_server(
 
 @pytest.mark.parametrize("sdk", SDKS)
 async def test_ai_sdk_client_continues_the_same_message_after_an_approval(
-    server: StreamServer, ai_sdk_clients: Path, sdk: str
+    server: StreamServer, sdk: str
 ) -> None:
     server.serve(ScriptedResult(APPROVAL_TURN, finish_reason="tool-calls"))
     resumed = [
@@ -668,7 +626,7 @@ async def test_ai_sdk_client_continues_the_same_message_after_an_approval(
     ]
     server.serve(ScriptedResult(resumed))
     approve = {"type": "approve", "approvalId": "ap1", "approved": True}
-    states = await run_client(ai_sdk_clients, sdk, server.url, [send("Delete the report"), approve])
+    states = await run_chat(sdk, server.url, [send("Delete the report"), approve])
     assert_client_matches_server(states, server)
     first, second = (message for message, _ in server.finished)
     assert second["id"] == first["id"]
@@ -679,14 +637,14 @@ async def test_ai_sdk_client_continues_the_same_message_after_an_approval(
 
 @pytest.mark.parametrize("sdk", SDKS)
 async def test_ai_sdk_client_records_a_denial_with_its_reason_like_the_server(
-    server: StreamServer, ai_sdk_clients: Path, sdk: str
+    server: StreamServer, sdk: str
 ) -> None:
     server.serve(ScriptedResult(APPROVAL_TURN, finish_reason="tool-calls"))
     server.serve(
         ScriptedResult([{"type": "tool-output-denied", "toolCallId": "c4"}, *step(text("t1", "Kept."))])
     )
     deny = {"type": "approve", "approvalId": "ap1", "approved": False, "reason": "Keep it"}
-    states = await run_client(ai_sdk_clients, sdk, server.url, [send("Delete the report"), deny])
+    states = await run_chat(sdk, server.url, [send("Delete the report"), deny])
     assert_client_matches_server(states, server)
     denied = server.finished[1][0]["parts"][1]
     assert denied["state"] == "output-denied"
@@ -695,11 +653,11 @@ async def test_ai_sdk_client_records_a_denial_with_its_reason_like_the_server(
 
 @pytest.mark.parametrize("sdk", SDKS)
 async def test_ai_sdk_client_sends_the_whole_history_on_a_further_user_turn(
-    server: StreamServer, ai_sdk_clients: Path, sdk: str
+    server: StreamServer, sdk: str
 ) -> None:
     server.serve(ScriptedResult(WEATHER_TURN))
     server.serve(ScriptedResult(step(text("t1", "You're welcome."))))
-    states = await run_client(ai_sdk_clients, sdk, server.url, [send("Weather in Paris?"), send("Thanks")])
+    states = await run_chat(sdk, server.url, [send("Weather in Paris?"), send("Thanks")])
     assert_client_matches_server(states, server)
     sent = server.requests[1]["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "user"]
@@ -709,7 +667,7 @@ async def test_ai_sdk_client_sends_the_whole_history_on_a_further_user_turn(
 
 @pytest.mark.parametrize("sdk", SDKS)
 async def test_ai_sdk_client_keeps_the_partial_message_of_a_failed_turn_like_the_server(
-    server: StreamServer, ai_sdk_clients: Path, sdk: str
+    server: StreamServer, sdk: str
 ) -> None:
     chunks = [
         {"type": "start-step"},
@@ -718,7 +676,7 @@ async def test_ai_sdk_client_keeps_the_partial_message_of_a_failed_turn_like_the
         {"type": "tool-input-delta", "toolCallId": "c5", "inputTextDelta": '{"city":"Par'},
     ]
     server.serve(ScriptedResult(chunks, error=ProviderError("upstream 500")))
-    states = await run_client(ai_sdk_clients, sdk, server.url, [send("Weather?")])
+    states = await run_chat(sdk, server.url, [send("Weather?")])
     assert states[0]["status"] == "error"
     assert states[0]["error"] == DEFAULT_ERROR_TEXT
     assert_client_matches_server(states, server)
@@ -729,7 +687,7 @@ async def test_ai_sdk_client_keeps_the_partial_message_of_a_failed_turn_like_the
 
 @pytest.mark.parametrize("sdk", SDKS)
 async def test_ai_sdk_client_assembles_provider_fields_and_metadata_like_the_server(
-    server: StreamServer, ai_sdk_clients: Path, sdk: str
+    server: StreamServer, sdk: str
 ) -> None:
     provider = {"openai": {"itemId": "i1"}}
     turn = step(
@@ -768,13 +726,11 @@ async def test_ai_sdk_client_assembles_provider_fields_and_metadata_like_the_ser
         {"type": "tool-output-available", "toolCallId": "c9", "output": 2},
     )
     server.serve(ScriptedResult(turn), message_metadata={"model": "scripted", "usage": {"tokens": 3}})
-    states = await run_client(ai_sdk_clients, sdk, server.url, [send("Search")])
+    states = await run_chat(sdk, server.url, [send("Search")])
     assert_client_matches_server(states, server)
 
 
-async def test_a_static_tool_input_error_is_stored_as_ai_7_assembles_it(
-    server: StreamServer, ai_sdk_clients: Path
-) -> None:
+async def test_a_static_tool_input_error_is_stored_as_ai_7_assembles_it(server: StreamServer) -> None:
     chunk = {
         "type": "tool-input-error",
         "toolCallId": "c8",
@@ -784,8 +740,8 @@ async def test_a_static_tool_input_error_is_stored_as_ai_7_assembles_it(
     }
     for _ in SDKS:
         server.serve(ScriptedResult(step(chunk)))
-    ai7 = await run_client(ai_sdk_clients, "7", server.url, [send("Go")])
-    ai6 = await run_client(ai_sdk_clients, "6", server.url, [send("Go")])
+    ai7 = await run_chat("7", server.url, [send("Go")])
+    ai6 = await run_chat("6", server.url, [send("Go")])
     stored = server.finished[0][0]["parts"][1]
     assert stored["input"] == "{bad" and "rawInput" not in stored
     assert client_message(ai7[0], server.finished[0][0]["id"]) == server.finished[0][0]
@@ -793,9 +749,7 @@ async def test_a_static_tool_input_error_is_stored_as_ai_7_assembles_it(
     assert ai6_part == {**{k: v for k, v in stored.items() if k != "input"}, "rawInput": "{bad"}
 
 
-async def test_partial_tool_input_is_parsed_as_the_ai_7_client_parses_it(
-    server: StreamServer, ai_sdk_clients: Path
-) -> None:
+async def test_partial_tool_input_is_parsed_as_the_ai_7_client_parses_it(server: StreamServer) -> None:
     plan = {"city": 'Parés "x"', "days": [1, 2.5, -3e2, [-1]], "ok": True, "n": None, "o": {"a": [{}]}}
     document = json.dumps(plan)
     chunks: list[Chunk] = [{"type": "start-step"}]
@@ -804,6 +758,6 @@ async def test_partial_tool_input_is_parsed_as_the_ai_7_client_parses_it(
         chunks.append({"type": "tool-input-start", "toolCallId": call_id, "toolName": "plan"})
         chunks.append({"type": "tool-input-delta", "toolCallId": call_id, "inputTextDelta": document[:end]})
     server.serve(ScriptedResult(chunks))
-    states = await run_client(ai_sdk_clients, "7", server.url, [send("Plan")])
+    states = await run_chat("7", server.url, [send("Plan")])
     assert_client_matches_server(states, server)
     assert server.finished[0][0]["parts"][-1]["input"] == json.loads(document)

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from bastion.auth import SupabaseEnv, TokenVerifier
+from bastion.history import AgentHistoryConflictError
 from bastion.worker import RequestContext, RequestFailure, Route, create_agent_worker
 from tests.live_server import live_server
 from tests.supabase_tokens import JwksHost, SigningKeys, es256, user_claims
@@ -537,3 +538,20 @@ async def test_completed_response_does_not_set_cancel(client: httpx2.AsyncClient
 
     assert await asyncio.to_thread(recorder.background_finished.wait, WAIT)
     assert recorder.cancel_after_response is False
+
+
+async def test_a_bastion_error_keeps_its_status_code_and_safe_message() -> None:
+    async def conflicted(request: Request, context: RequestContext) -> Response:
+        raise AgentHistoryConflictError()
+
+    app = create_agent_worker(
+        env=SupabaseEnv(url="https://project-ref.supabase.co", jwks={"keys": []}, jwt_secret="x" * 32),
+        routes=[Route(method="GET", path="/conflict", auth="none", handler=conflicted)],
+    )
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test") as client:
+        response = await client.get("/conflict")
+    assert response.status_code == 409
+    assert response.json() == {
+        "code": "history_conflict",
+        "message": "The conversation changed. Reload it before continuing.",
+    }

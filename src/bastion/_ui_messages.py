@@ -70,7 +70,8 @@ def to_model_messages(
         if role == "user":
             content = _user_content(parts)
             if content:
-                converted.messages.append(ModelRequest(parts=[UserPromptPart(content=content)]))
+                prompt = content[0] if len(content) == 1 and isinstance(content[0], str) else content
+                converted.messages.append(ModelRequest(parts=[UserPromptPart(content=prompt)]))
         elif role == "system":
             text = "\n".join(
                 p["text"] for p in parts if p.get("type") == "text" and isinstance(p.get("text"), str)

@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
+from bastion.errors import BastionError
+
 __all__ = [
     "AgentApprovalAuthorizationError",
     "ApprovalDecision",
@@ -44,10 +46,11 @@ CanRespondToApproval: TypeAlias = Callable[[Context, ApprovalDecision], bool | A
 """Application policy: may the caller described by the context give this decision? Sync or async."""
 
 
-class AgentApprovalAuthorizationError(Exception):
+class AgentApprovalAuthorizationError(BastionError):
     """The approval policy refused a decision, or failed (which counts as a refusal)."""
 
     code: ClassVar[str] = "approval_unauthorized"
+    status: ClassVar[int] = 403
 
     def __init__(self) -> None:
         super().__init__("You do not have permission to respond to this approval request.")

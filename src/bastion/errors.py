@@ -1,8 +1,25 @@
-"""Errors a tool raises on purpose, whose message is meant for the model and the user."""
+"""Errors whose code and message are safe to show a client, and the one a tool raises on purpose."""
 
 from __future__ import annotations
 
-__all__ = ["ToolError"]
+from typing import ClassVar
+
+__all__ = ["BastionError", "ToolError"]
+
+
+class BastionError(Exception):
+    """A refusal the client may see: a stable machine `code`, a message that leaks nothing, an HTTP status.
+
+    The worker answers any of these with `{"code": ..., "message": ...}` and `status`; every other
+    exception is an internal error and only its generic text leaves the server.
+    """
+
+    code: ClassVar[str] = "error"
+    status: ClassVar[int] = 400
+
+    @property
+    def message(self) -> str:
+        return str(self)
 
 
 class ToolError(Exception):

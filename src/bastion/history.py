@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Final, NoReturn, TypeVar, overload
 
 from bastion.approvals import ApprovalDecision, CanRespondToApproval, authorize_approval_decision
+from bastion.errors import BastionError
 
 __all__ = [
     "REGENERATE_MESSAGE",
@@ -55,10 +56,11 @@ _APPROVAL_ANSWER_KEYS: Final = ("approved", "reason")
 _TOOL_STATE_KEYS: Final = ("state", "approval")
 
 
-class AgentHistoryConflictError(Exception):
+class AgentHistoryConflictError(BastionError):
     """The browser's messages are not a legitimate next step from the stored conversation."""
 
     code: ClassVar[str] = "history_conflict"
+    status: ClassVar[int] = 409
 
     def __init__(self) -> None:
         super().__init__("The conversation changed. Reload it before continuing.")

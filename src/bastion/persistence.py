@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Generic, Literal, TypeAlias, TypeVar, get_args
 
+from bastion.errors import BastionError
+
 __all__ = [
     "AgentPersistence",
     "AgentRun",
@@ -51,10 +53,11 @@ class ToolExecutionNotConfiguredError(Exception):
         super().__init__("Tool execution persistence is not configured.")
 
 
-class AgentRunInactiveError(Exception):
+class AgentRunInactiveError(BastionError):
     """A tool was asked to run after the run began finishing."""
 
     code: ClassVar[str] = "run_inactive"
+    status: ClassVar[int] = 409
 
     def __init__(self) -> None:
         super().__init__("This agent run is no longer active.")

@@ -1,9 +1,11 @@
 // Drives the AI SDK's own chat client (AbstractChat + DefaultChatTransport, what useChat runs) against
 // a bastion stream, and prints the messages it assembled as JSON.
 //
-// Input on stdin: {"sdk": "7" | "6", "url": ..., "chatId": ..., "messages": [...], "actions": [action, ...]}
+// Input on stdin: {"sdk": "7" | "6", "url": ..., "chatId": ..., "messages": [...], "actions": [action, ...],
+//                  "headers"?: {...}}
 //   action: {"type": "send", "text": ...}
-//         | {"type": "approve", "approvalId": ..., "approved": bool, "reason"?: ...}
+//         | {"type": "approve", "approvalId"?: ..., "approved": bool, "reason"?: ...}
+//           (without approvalId, the approval the latest message waits for)
 // The actions run one after another on the same chat, as a user would in a browser. Output on stdout,
 // one entry per action: [{"status": ..., "error": string | null, "finishReason": ..., "messages": [...]}]
 
@@ -41,12 +43,20 @@ class HarnessChat extends sdk.AbstractChat {}
 let finishReason = null;
 const chat = new HarnessChat({
   id: request.chatId,
-  transport: new sdk.DefaultChatTransport({ api: request.url }),
+  transport: new sdk.DefaultChatTransport({ api: request.url, headers: request.headers ?? {} }),
   state: createState(request.messages),
   onFinish: options => {
     finishReason = options.finishReason ?? null;
   },
 });
+
+// The approval the latest assistant message waits for, for actions that do not name one.
+function pendingApprovalId() {
+  const last = chat.messages[chat.messages.length - 1];
+  const part = last?.parts.find(p => p.state === 'approval-requested');
+  if (!part) throw new Error('no approval is pending');
+  return part.approval.id;
+}
 
 async function perform(action) {
   finishReason = null;
@@ -54,7 +64,7 @@ async function perform(action) {
     await chat.sendMessage({ text: action.text });
   } else if (action.type === 'approve') {
     await chat.addToolApprovalResponse({
-      id: action.approvalId,
+      id: action.approvalId ?? pendingApprovalId(),
       approved: action.approved,
       ...(action.reason !== undefined ? { reason: action.reason } : {}),
     });
