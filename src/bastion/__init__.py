@@ -7,7 +7,7 @@ from bastion._cancel import AgentCancelledError
 from bastion._loop import AgentStreamResult, ExecuteToolHook
 from bastion.agent import Agent, AgentSession, AgentSessionClosedError, AgentTools, define_agent
 from bastion.approvals import AgentApprovalAuthorizationError, ApprovalDecision
-from bastion.errors import ToolError
+from bastion.errors import BastionError, ToolError
 from bastion.history import AgentHistoryConflictError, reconcile_agent_messages
 from bastion.persistence import (
     AgentPersistence,
@@ -54,6 +54,7 @@ __all__ = [
     "AgentStreamResult",
     "AgentTools",
     "ApprovalDecision",
+    "BastionError",
     "DuplicateToolNameError",
     "ExecuteToolHook",
     "RunInput",
