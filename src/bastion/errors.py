@@ -17,9 +17,9 @@ class BastionError(Exception):
     code: ClassVar[str] = "error"
     status: ClassVar[int] = 400
 
-    @property
-    def message(self) -> str:
-        return str(self)
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class ToolError(Exception):

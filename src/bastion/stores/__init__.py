@@ -1,0 +1,50 @@
+"""Stores implementing `bastion.persistence.AgentPersistence`, with an entity API over conversations.
+
+`PostgresStore` is the production store (row-level security in the database). The shapes in
+`bastion.stores.entities` and the errors in `bastion.stores.errors` are shared by every store.
+"""
+
+from bastion.stores._migrations import MigrationChangedError, apply_migrations, available_migrations
+from bastion.stores.entities import (
+    Conversation,
+    Feedback,
+    Rating,
+    RunEvent,
+    StoredMessage,
+    StoreIdentity,
+    TurnContext,
+    TurnState,
+)
+from bastion.stores.errors import (
+    InvalidInputError,
+    NotFoundError,
+    StoreError,
+    ToolOperationConflictError,
+    ToolOperationMismatchError,
+    ToolOperationUncertainError,
+    TurnConflictError,
+)
+from bastion.stores.postgres import PostgresAgentPersistence, PostgresStore
+
+__all__ = [
+    "Conversation",
+    "Feedback",
+    "InvalidInputError",
+    "MigrationChangedError",
+    "NotFoundError",
+    "PostgresAgentPersistence",
+    "PostgresStore",
+    "Rating",
+    "RunEvent",
+    "StoreError",
+    "StoreIdentity",
+    "StoredMessage",
+    "ToolOperationConflictError",
+    "ToolOperationMismatchError",
+    "ToolOperationUncertainError",
+    "TurnConflictError",
+    "TurnContext",
+    "TurnState",
+    "apply_migrations",
+    "available_migrations",
+]

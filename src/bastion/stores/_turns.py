@@ -1,0 +1,139 @@
+"""The store-independent arithmetic of a turn: which rows a reconciled history changes, which events
+a turn records, and how its outcome is named.
+
+Writes are proportional to what changed: reconciliation returns the stored tail with at most its
+last message changed or one user message added, so a turn adds one row, replaces one (an approval
+answer or an edit) or drops the rows after an edited or regenerated message. Event data never holds
+tool inputs, outputs, error text or approval reasons.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bastion.persistence import RunStatus
+
+__all__ = [
+    "HistoryWrites",
+    "approval_request_events",
+    "approval_response_events",
+    "pending_approval_ids",
+    "plan_history_writes",
+    "run_status",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryWrites:
+    """Delete stored rows after `truncate_after` (if set), then write each `{seq, message, replace}`."""
+
+    truncate_after: int | None
+    writes: list[dict[str, Any]]
+
+
+def plan_history_writes(
+    tail: Sequence[tuple[int, dict[str, Any]]], result: Sequence[dict[str, Any]], *, last_seq: int
+) -> HistoryWrites:
+    """Turn a reconciled history into row changes; `tail` is the stored rows it was reconciled with."""
+    same = 0
+    while same < len(tail) and same < len(result) and _same(result[same], tail[same][1]):
+        same += 1
+    writes: list[dict[str, Any]] = []
+    truncate_after: int | None
+    if same < len(tail) and same < len(result) and result[same].get("id") == tail[same][1].get("id"):
+        seq = tail[same][0]
+        writes.append({"seq": seq, "message": result[same], "replace": True})
+        truncate_after, next_seq, rest = seq, seq + 1, result[same + 1 :]
+    elif same < len(tail):
+        truncate_after, next_seq, rest = tail[same][0] - 1, tail[same][0], result[same:]
+    else:
+        truncate_after, next_seq, rest = None, last_seq + 1, result[same:]
+    writes.extend(
+        {"seq": next_seq + offset, "message": message, "replace": False}
+        for offset, message in enumerate(rest)
+    )
+    if truncate_after is not None and truncate_after >= last_seq:
+        truncate_after = None
+    return HistoryWrites(truncate_after, writes)
+
+
+def approval_response_events(
+    tail: Sequence[tuple[int, dict[str, Any]]], result: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`approval.responded` for each tool part the reconciled history answered (no reasons)."""
+    if not tail or not result or result[-1].get("id") != tail[-1][1].get("id"):
+        return []
+    stored = {part.get("toolCallId"): part for part in _tool_parts(tail[-1][1])}
+    events = []
+    for part in _tool_parts(result[-1]):
+        before = stored.get(part.get("toolCallId"))
+        if before is None or before.get("state") != "approval-requested":
+            continue
+        if part.get("state") != "approval-responded":
+            continue
+        approval = part.get("approval") or {}
+        data = _tool_data(part) | {"approvalId": approval.get("id"), "approved": approval.get("approved")}
+        events.append({"type": "approval.responded", "data": data})
+    return events
+
+
+def pending_approval_ids(messages: Sequence[dict[str, Any]]) -> frozenset[str]:
+    """Approval ids still waiting in the latest message, so finishing does not announce them again."""
+    if not messages:
+        return frozenset()
+    return frozenset(
+        approval_id
+        for part in _tool_parts(messages[-1])
+        if part.get("state") == "approval-requested"
+        and isinstance(approval_id := (part.get("approval") or {}).get("id"), str)
+    )
+
+
+def approval_request_events(message: dict[str, Any] | None, *, known: frozenset[str]) -> list[dict[str, Any]]:
+    """`approval.requested` for each approval the response asks for that was not pending before."""
+    if message is None:
+        return []
+    events = []
+    for part in _tool_parts(message):
+        approval = part.get("approval") or {}
+        if part.get("state") == "approval-requested" and approval.get("id") not in known:
+            data = _tool_data(part) | {"approvalId": approval.get("id")}
+            events.append({"type": "approval.requested", "data": data})
+    return events
+
+
+def run_status(status: RunStatus, message: dict[str, Any] | None) -> str:
+    """A completed run whose response waits for an approval is `waiting_for_approval`."""
+    waiting = message is not None and any(
+        part.get("state") == "approval-requested" for part in _tool_parts(message)
+    )
+    return "waiting_for_approval" if status == "completed" and waiting else status
+
+
+def _tool_parts(message: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    parts = message.get("parts")
+    for part in parts if isinstance(parts, list) else ():
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if isinstance(kind, str) and (kind == "dynamic-tool" or kind.startswith("tool-")):
+            yield part
+
+
+def _tool_data(part: dict[str, Any]) -> dict[str, Any]:
+    kind = part["type"]
+    name = part.get("toolName") if kind == "dynamic-tool" else kind[len("tool-") :]
+    return {"toolCallId": part.get("toolCallId"), "toolName": name}
+
+
+def _same(left: Any, right: Any) -> bool:
+    """JSON equality: unlike `==`, `true`, `1` and `1.0` differ."""
+    if type(left) is not type(right):
+        return False
+    if isinstance(left, dict):
+        return left.keys() == right.keys() and all(_same(item, right[key]) for key, item in left.items())
+    if isinstance(left, list):
+        return len(left) == len(right) and all(map(_same, left, right))
+    return bool(left == right)

@@ -1,0 +1,79 @@
+"""Errors every bastion store raises: a stable machine `code` and a message safe to show a user.
+
+A missing and a foreign row raise the same `NotFoundError`, so ids cannot be probed. Database
+details never reach these messages; they stay in the chained exception for logs.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from bastion.errors import BastionError
+
+__all__ = [
+    "InvalidInputError",
+    "NotFoundError",
+    "StoreError",
+    "ToolOperationConflictError",
+    "ToolOperationMismatchError",
+    "ToolOperationUncertainError",
+    "TurnConflictError",
+]
+
+
+class StoreError(BastionError):
+    """Base class of the errors a store raises on purpose."""
+
+    code: ClassVar[str] = "store_error"
+    default_message: ClassVar[str] = "The request could not be completed."
+
+    def __init__(self) -> None:
+        super().__init__(self.default_message)
+
+
+class InvalidInputError(StoreError):
+    """A malformed id, cursor, limit or field, refused before any query runs."""
+
+    code = "invalid_input"
+    status = 400
+    default_message = "The request is not valid."
+
+
+class NotFoundError(StoreError):
+    """The conversation or message does not exist, or belongs to someone else: the same answer."""
+
+    code = "not_found"
+    status = 404
+    default_message = "The conversation or message was not found."
+
+
+class TurnConflictError(StoreError):
+    """Another turn holds the conversation, the revision is stale, or the request id was used before."""
+
+    code = "turn_conflict"
+    status = 409
+    default_message = "The conversation is busy or changed. Reload it before continuing."
+
+
+class ToolOperationConflictError(StoreError):
+    """The same tool call is running right now, in this request or another."""
+
+    code = "operation_in_progress"
+    status = 409
+    default_message = "This tool call is already running."
+
+
+class ToolOperationMismatchError(StoreError):
+    """A tool call id was claimed before with another tool name or input."""
+
+    code = "operation_mismatch"
+    status = 409
+    default_message = "This tool call does not match the one recorded earlier."
+
+
+class ToolOperationUncertainError(StoreError):
+    """An earlier attempt failed or was interrupted, so the side effect may have happened: no replay."""
+
+    code = "operation_uncertain"
+    status = 409
+    default_message = "This tool call may already have run, so it will not run again."

@@ -1,0 +1,597 @@
+"""The Postgres store: conversations, messages, runs, events and tool claims under row-level security.
+
+The application connects as a login role without BYPASSRLS (member of `authenticated`, and of
+`bastion_runtime` to write turns). Every call runs one transaction that first sets the caller's
+identity with `set_config(..., true)`, exactly as Supabase does, so the database itself decides what
+each user may read and write; nothing outlives the transaction on a pooled connection. Statements
+are pipelined: a transaction costs one round trip, or two when Python must look at a result in the
+middle (reconciling a turn).
+
+`PostgresStore` is the entity API (conversations, messages, feedback, events) and hands out
+`PostgresAgentPersistence`, the `AgentPersistence` implementation a turn runs through.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
+from types import TracebackType
+from typing import Any, Final, Self, TypeAlias
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.rows import TupleRow
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+from pydantic_core import to_jsonable_python
+
+from bastion.approvals import CanRespondToApproval
+from bastion.history import reconcile_agent_messages
+from bastion.persistence import (
+    AgentPersistence,
+    AgentRunInactiveError,
+    RunInput,
+    RunOutcome,
+    RunStart,
+    ToolOperation,
+)
+from bastion.stores._migrations import apply_migrations
+from bastion.stores._turns import (
+    approval_request_events,
+    approval_response_events,
+    pending_approval_ids,
+    plan_history_writes,
+    run_status,
+)
+from bastion.stores.entities import (
+    Conversation,
+    Feedback,
+    Rating,
+    RunEvent,
+    StoredMessage,
+    StoreIdentity,
+    TurnContext,
+    TurnState,
+    check_cursor,
+    check_limit,
+    check_text,
+    parse_uuid,
+)
+from bastion.stores.errors import (
+    InvalidInputError,
+    NotFoundError,
+    ToolOperationConflictError,
+    ToolOperationMismatchError,
+    ToolOperationUncertainError,
+    TurnConflictError,
+)
+
+__all__ = ["PostgresAgentPersistence", "PostgresStore"]
+
+Connection: TypeAlias = psycopg.AsyncConnection[TupleRow]
+Pool: TypeAlias = AsyncConnectionPool[Connection]
+
+_SET_IDENTITY: Final = (
+    "select set_config('role', 'authenticated', true), set_config('request.jwt.claims', %s, true)"
+)
+_CONVERSATION_COLUMNS: Final = "id::text, title, tenant_id, revision, created_at, updated_at"
+_MAX_TITLE: Final = 500
+_MAX_COMMENT: Final = 4000
+_RATINGS: Final = frozenset({"up", "down"})
+
+# SQLSTATEs raised on purpose by the migrations' functions, and the ones a race produces.
+_CONFLICT_STATES: Final = frozenset({"BS409", "55P03", "23505"})
+
+
+class PostgresStore:
+    """Conversations and turns in Postgres, each call as the verified caller under row-level security.
+
+    Open with `PostgresStore.open(conninfo_or_pool)`. Pass `prepare_threshold=None` behind a
+    transaction-mode pooler (Supabase's), which cannot keep prepared statements. `admin_conninfo`
+    is the owner's connection, used only by `migrate()`.
+    """
+
+    def __init__(self, pool: Pool, *, admin_conninfo: str | None = None, owns_pool: bool = False) -> None:
+        self._pool = pool
+        self._admin_conninfo = admin_conninfo
+        self._owns_pool = owns_pool
+
+    @classmethod
+    async def open(
+        cls,
+        conninfo: str | Pool,
+        *,
+        admin_conninfo: str | None = None,
+        prepare_threshold: int | None = 5,
+        min_size: int = 1,
+        max_size: int = 10,
+    ) -> PostgresStore:
+        """A store over a connection string (opening its own pool) or an existing pool."""
+        if not isinstance(conninfo, str):
+            return cls(conninfo, admin_conninfo=admin_conninfo)
+        pool: Pool = AsyncConnectionPool(
+            conninfo,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True, "prepare_threshold": prepare_threshold},
+            open=False,
+        )
+        await pool.open(wait=True)
+        return cls(pool, admin_conninfo=admin_conninfo, owns_pool=True)
+
+    async def close(self) -> None:
+        """Close the pool if this store opened it."""
+        if self._owns_pool:
+            await self._pool.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def migrate(self, *, upto: int | None = None) -> list[int]:
+        """Apply pending migrations through `admin_conninfo` (else the pool's own connection string)."""
+        conninfo = self._admin_conninfo or self._pool.conninfo
+        if not isinstance(conninfo, str):
+            raise ValueError("Pass admin_conninfo: this pool's connection string is computed.")
+        return await apply_migrations(conninfo, upto=upto)
+
+    def persistence(
+        self,
+        *,
+        history_window: int = 100,
+        lease_seconds: float = 300.0,
+        can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
+    ) -> PostgresAgentPersistence:
+        """The `AgentPersistence` of this store; see `PostgresAgentPersistence`."""
+        return PostgresAgentPersistence(
+            self,
+            history_window=history_window,
+            lease_seconds=lease_seconds,
+            can_respond_to_approval=can_respond_to_approval,
+        )
+
+    @asynccontextmanager
+    async def transaction(self, identity: StoreIdentity) -> AsyncIterator[Connection]:
+        """One pipelined transaction as `identity`: role and claims are local to it, never the session.
+
+        Statements queue until a result is fetched or the block ends; results of statements left
+        unfetched can be read after the block, which then cost no extra round trip.
+        """
+        async with self._pool.connection() as conn:
+            if not conn.autocommit:
+                await conn.set_autocommit(True)
+            try:
+                async with conn.pipeline():
+                    await conn.execute("begin")
+                    await conn.execute(_SET_IDENTITY, (identity.database_claims(),))
+                    yield conn
+                    await conn.execute("commit")
+            except BaseException:
+                await _rollback(conn)
+                raise
+
+    # Entity API: user-scoped, tenant-scoped under a tenant claim; the database injects the owner.
+
+    async def create_conversation(
+        self, identity: StoreIdentity, *, title: str | None = None, conversation_id: str | None = None
+    ) -> Conversation:
+        """A new conversation owned by `identity` (and its tenant); the owner is never an input."""
+        _check_title(title)
+        chosen = parse_uuid(conversation_id) if conversation_id is not None else None
+        try:
+            with _database_errors():
+                async with self.transaction(identity) as conn:
+                    cursor = await conn.execute(
+                        "insert into bastion.conversations (id, title) values "
+                        f"(coalesce(%s::uuid, gen_random_uuid()), %s) returning {_CONVERSATION_COLUMNS}",
+                        (chosen, title),
+                    )
+        except TurnConflictError:
+            raise InvalidInputError() from None
+        return _conversation(await cursor.fetchone())
+
+    async def list_conversations(self, identity: StoreIdentity, *, limit: int = 50) -> list[Conversation]:
+        """The caller's conversations, most recently active first."""
+        check_limit(limit)
+        with _database_errors():
+            async with self.transaction(identity) as conn:
+                cursor = await conn.execute(
+                    f"select {_CONVERSATION_COLUMNS} from bastion.conversations "
+                    "order by updated_at desc, id limit %s",
+                    (limit,),
+                )
+        return [_conversation(row) for row in await cursor.fetchall()]
+
+    async def get_conversation(self, identity: StoreIdentity, conversation_id: str) -> Conversation:
+        conversation = parse_uuid(conversation_id)
+        with _database_errors():
+            async with self.transaction(identity) as conn:
+                cursor = await conn.execute(
+                    f"select {_CONVERSATION_COLUMNS} from bastion.conversations where id = %s",
+                    (conversation,),
+                )
+        return _conversation(await cursor.fetchone())
+
+    async def update_conversation(
+        self, identity: StoreIdentity, conversation_id: str, *, title: str | None
+    ) -> Conversation:
+        """Rename a conversation: the only column a user may change."""
+        conversation = parse_uuid(conversation_id)
+        _check_title(title)
+        with _database_errors():
+            async with self.transaction(identity) as conn:
+                cursor = await conn.execute(
+                    "update bastion.conversations set title = %s, updated_at = now() "
+                    f"where id = %s returning {_CONVERSATION_COLUMNS}",
+                    (title, conversation),
+                )
+        return _conversation(await cursor.fetchone())
+
+    async def delete_conversation(self, identity: StoreIdentity, conversation_id: str) -> None:
+        """Delete a conversation with its messages, runs, events, tool executions and feedback."""
+        conversation = parse_uuid(conversation_id)
+        with _database_errors():
+            async with self.transaction(identity) as conn:
+                cursor = await conn.execute(
+                    "delete from bastion.conversations where id = %s returning id", (conversation,)
+                )
+        if await cursor.fetchone() is None:
+            raise NotFoundError()
+
+    async def list_messages(
+        self, identity: StoreIdentity, conversation_id: str, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[StoredMessage]:
+        """A conversation's messages in order, from after position `after_seq`. Read-only."""
+        conversation = parse_uuid(conversation_id)
+        check_cursor(after_seq)
+        check_limit(limit, maximum=10_000)
+        with _database_errors():
+            async with self.transaction(identity) as conn:
+                cursor = await conn.execute(
+                    "select m.seq, m.id, m.role, m.message, m.created_at from bastion.conversations c "
+                    "left join lateral (select * from bastion.messages m where m.conversation_id = c.id "
+                    "and m.seq > %s order by m.seq limit %s) m on true where c.id = %s",
+                    (after_seq, limit, conversation),
+                )
+        rows = await cursor.fetchall()
+        if not rows:
+            raise NotFoundError()
+        return [
+            StoredMessage(seq=seq, id=message_id, role=role, message=message, created_at=created)
+            for seq, message_id, role, message, created in rows
+            if seq is not None
+        ]
+
+    async def add_feedback(
+        self,
+        identity: StoreIdentity,
+        conversation_id: str,
+        message_id: str,
+        *,
+        rating: Rating,
+        comment: str | None = None,
+    ) -> Feedback:
+        """Rate a message of one of the caller's conversations; rating it again replaces the rating."""
+        conversation = parse_uuid(conversation_id)
+        check_text(message_id)
+        if rating not in _RATINGS:
+            raise InvalidInputError()
+        if comment is not None:
+            check_text(comment, max_length=_MAX_COMMENT)
+        with _database_errors():
+            async with self.transaction(identity) as conn:
+                cursor = await conn.execute(
+                    "insert into bastion.feedback (conversation_id, message_id, rating, comment) "
+                    "select m.conversation_id, m.id, %s, %s from bastion.messages m "
+                    "where m.conversation_id = %s and m.id = %s "
+                    "on conflict (conversation_id, message_id, owner_id) do update "
+                    "set rating = excluded.rating, comment = excluded.comment, updated_at = now() "
+                    "returning conversation_id::text, message_id, rating, comment, updated_at",
+                    (rating, comment, conversation, message_id),
+                )
+        row = await cursor.fetchone()
+        if row is None:
+            raise NotFoundError()
+        return Feedback(
+            conversation_id=row[0], message_id=row[1], rating=row[2], comment=row[3], updated_at=row[4]
+        )
+
+    async def list_events(
+        self, identity: StoreIdentity, conversation_id: str, *, after: int = 0, limit: int = 100
+    ) -> list[RunEvent]:
+        """The conversation's run events with a cursor greater than `after`, in order (for replay)."""
+        conversation = parse_uuid(conversation_id)
+        check_cursor(after)
+        check_limit(limit)
+        with _database_errors():
+            async with self.transaction(identity) as conn:
+                cursor = await conn.execute(
+                    "select e.id, e.run_id::text, e.type, e.data, e.created_at from bastion.conversations c "
+                    "left join lateral (select * from bastion.run_events e where e.conversation_id = c.id "
+                    "and e.id > %s order by e.id limit %s) e on true where c.id = %s",
+                    (after, limit, conversation),
+                )
+        rows = await cursor.fetchall()
+        if not rows:
+            raise NotFoundError()
+        return [
+            RunEvent(id=event_id, run_id=run_id, type=kind, data=data, created_at=created)
+            for event_id, run_id, kind, data, created in rows
+            if event_id is not None
+        ]
+
+
+class PostgresAgentPersistence(AgentPersistence[TurnContext, TurnState]):
+    """Turns stored in Postgres: claims with revisions and leases, exactly-once tool operations, events.
+
+    - `start_run` (two round trips, one transaction): lock the conversation without waiting, load
+      its stored tail, reconcile the browser's messages, claim the turn and write what changed.
+      The model gets the last `history_window` messages of the canonical history.
+    - `execute_tool` (one round trip): claim the call before its side effect; the results of this
+      run's earlier calls are recorded in the same trip (or by `finish_run`).
+    - `finish_run` (one round trip): fenced by run id and idempotent; appends (or replaces, when
+      continuing it) only the response message and releases the claim.
+
+    A run holds its claim for `lease_seconds`, renewed by each tool claim; a newer turn replaces a
+    run whose lease expired and records it as interrupted.
+    """
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        *,
+        history_window: int = 100,
+        lease_seconds: float = 300.0,
+        can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
+    ) -> None:
+        if type(history_window) is not int or history_window < 1:
+            raise ValueError("history_window must be a positive integer.")
+        if not 0 <= lease_seconds <= 86_400:
+            raise ValueError("lease_seconds must be between 0 and 86400.")
+        self._store = store
+        self._window = history_window
+        self._lease = float(lease_seconds)
+        self._can_respond = can_respond_to_approval
+
+    async def start_run(self, context: TurnContext, input: RunInput) -> RunStart[TurnState]:
+        run_id = str(uuid.uuid4())
+        with _database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                cursor = await conn.execute(
+                    "select bastion.load_turn(%s, %s, %s, %s)",
+                    (context.conversation_id, context.request_id, _message_ids(input.messages), self._window),
+                )
+                loaded = _single(await cursor.fetchone())
+                if loaded is None:
+                    raise NotFoundError()
+                revision = loaded["revision"]
+                stale = context.expected_revision is not None and context.expected_revision != revision
+                if loaded["busy"] or loaded["repeated_request"] or stale:
+                    raise TurnConflictError()
+                tail = [(seq, message) for seq, message in loaded["messages"]]
+                history = await self._reconcile([message for _, message in tail], input, context)
+                plan = plan_history_writes(tail, history, last_seq=loaded["last_seq"])
+                events = [_run_event(run_id, "started"), *approval_response_events(tail, history)]
+                await conn.execute(
+                    "select bastion.start_turn(%s, %s, %s, %s, %s, %s, %s, %s)",
+                    (
+                        context.conversation_id,
+                        run_id,
+                        context.request_id,
+                        revision,
+                        self._lease,
+                        plan.truncate_after,
+                        Jsonb(plan.writes),
+                        Jsonb(events),
+                    ),
+                )
+        state = TurnState(
+            conversation_id=context.conversation_id,
+            run_id=run_id,
+            revision=revision + 1,
+            pending_approval_ids=pending_approval_ids(history),
+        )
+        return RunStart(messages=history[-self._window :], state=state)
+
+    async def execute_tool(self, context: TurnContext, state: TurnState, operation: ToolOperation) -> Any:
+        name = check_text(operation.name)
+        call_id = check_text(operation.tool_call_id)
+        tool_input = _json_value(operation.input)
+        if call_id in state.running_tool_calls:
+            raise ToolOperationConflictError()
+        for result in state.unrecorded_results:
+            if result["toolCallId"] == call_id:
+                return _replayed(result, name, tool_input)
+        results = list(state.unrecorded_results)
+        state.running_tool_calls.add(call_id)
+        claimed = False
+        try:
+            with _database_errors():
+                async with self._store.transaction(context.identity) as conn:
+                    cursor = await conn.execute(
+                        "select bastion.claim_tool(%s, %s, %s, %s, %s, %s, %s)",
+                        (
+                            state.conversation_id,
+                            state.run_id,
+                            call_id,
+                            name,
+                            Jsonb(tool_input),
+                            self._lease,
+                            Jsonb(_recordable(results)),
+                        ),
+                    )
+                claim = _single(await cursor.fetchone())
+            del state.unrecorded_results[: len(results)]
+            outcome = claim["outcome"]
+            if outcome == "completed":
+                return claim["output"]
+            if outcome == "in_flight":
+                raise ToolOperationConflictError()
+            if outcome == "mismatch":
+                raise ToolOperationMismatchError()
+            if outcome != "claimed":
+                raise ToolOperationUncertainError()
+            claimed = True
+            return await self._execute(state, operation, name, call_id, tool_input)
+        finally:
+            if not claimed:
+                state.running_tool_calls.discard(call_id)
+
+    async def finish_run(self, context: TurnContext, state: TurnState, outcome: RunOutcome) -> None:
+        message = outcome.response_message
+        if message is not None:
+            _check_response(message)
+        status = run_status(outcome.status, message)
+        events = [
+            *approval_request_events(message, known=state.pending_approval_ids),
+            _run_event(state.run_id, status),
+        ]
+        results = list(state.unrecorded_results)
+        with _database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                await conn.execute(
+                    "select bastion.finish_turn(%s, %s, %s, %s, %s, %s)",
+                    (
+                        state.conversation_id,
+                        state.run_id,
+                        status,
+                        Jsonb(message) if message is not None else None,
+                        Jsonb(_recordable(results)),
+                        Jsonb(events),
+                    ),
+                )
+        del state.unrecorded_results[: len(results)]
+
+    async def _reconcile(
+        self, previous: list[dict[str, Any]], input: RunInput, context: TurnContext
+    ) -> list[dict[str, Any]]:
+        if self._can_respond is None:
+            return await reconcile_agent_messages(previous, input.messages, trigger=input.trigger)
+        return await reconcile_agent_messages(
+            previous,
+            input.messages,
+            trigger=input.trigger,
+            context=context,
+            can_respond_to_approval=self._can_respond,
+        )
+
+    async def _execute(
+        self, state: TurnState, operation: ToolOperation, name: str, call_id: str, tool_input: Any
+    ) -> Any:
+        """Run the claimed side effect; its result is recorded with this run's next round trip."""
+        record = {"toolCallId": call_id, "toolName": name, "input": tool_input}
+        record |= {"status": "failed", "output": None}
+        try:
+            value = await operation.execute()
+        except BaseException:
+            state.unrecorded_results.append(record)
+            raise
+        finally:
+            state.running_tool_calls.discard(call_id)
+        # A result that cannot be stored cannot be replayed: it stays recorded as failed, never rerun.
+        with suppress(InvalidInputError):
+            record |= {"status": "completed", "output": _json_value(value)}
+        state.unrecorded_results.append(record)
+        return value
+
+
+async def _rollback(conn: Connection) -> None:
+    """Leave the connection idle for the pool; a broken one is discarded by the pool instead."""
+    try:
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            await conn.rollback()
+    except psycopg.Error:
+        pass
+
+
+@contextmanager
+def _database_errors() -> Iterator[None]:
+    """Translate the SQLSTATEs the store raises on purpose; anything else is a server fault."""
+    try:
+        yield
+    except psycopg.Error as error:
+        state = error.sqlstate
+        if state in _CONFLICT_STATES:
+            raise TurnConflictError() from error
+        if state == "BS404":
+            raise NotFoundError() from error
+        if state == "BS410":
+            raise AgentRunInactiveError() from error
+        raise
+
+
+def _conversation(row: tuple[Any, ...] | None) -> Conversation:
+    if row is None:
+        raise NotFoundError()
+    conversation_id, title, tenant_id, revision, created_at, updated_at = row
+    return Conversation(
+        id=conversation_id,
+        title=title,
+        tenant_id=tenant_id,
+        revision=revision,
+        created_at=created_at,
+        updated_at=updated_at,
+    )
+
+
+def _single(row: tuple[Any, ...] | None) -> Any:
+    assert row is not None
+    return row[0]
+
+
+def _check_title(title: object) -> None:
+    if title is not None and (not isinstance(title, str) or len(title) > _MAX_TITLE or "\x00" in title):
+        raise InvalidInputError()
+
+
+def _message_ids(messages: Sequence[Any]) -> list[str]:
+    """The ids the browser names, to load the stored tail they cover; reconciliation checks the rest."""
+    if not isinstance(messages, list | tuple):
+        return []
+    ids = (message.get("id") for message in messages if isinstance(message, dict))
+    return [value for value in ids if isinstance(value, str) and 0 < len(value) <= 200 and "\0" not in value]
+
+
+def _json_value(value: Any) -> Any:
+    """`value` as plain JSON that Postgres accepts (no NaN, no NUL), or `InvalidInputError`."""
+    try:
+        plain = to_jsonable_python(value)
+        text = json.dumps(plain, allow_nan=False)
+    except (TypeError, ValueError):
+        raise InvalidInputError() from None
+    if "\\u0000" in text:
+        raise InvalidInputError()
+    return plain
+
+
+def _check_response(message: Any) -> None:
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        raise InvalidInputError()
+    check_text(message.get("id"))
+    if not isinstance(message.get("parts"), list) or _json_value(message) != message:
+        raise InvalidInputError()
+
+
+def _run_event(run_id: str, status: str) -> dict[str, Any]:
+    return {"type": f"run.{status}", "data": {"runId": run_id, "status": status}}
+
+
+def _recordable(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{key: result[key] for key in ("toolCallId", "status", "output")} for result in results]
+
+
+def _replayed(result: dict[str, Any], name: str, tool_input: Any) -> Any:
+    """A call this process ran earlier in the same run, not yet recorded: the same rules as stored ones."""
+    if result["toolName"] != name or json.dumps(result["input"], sort_keys=True) != json.dumps(
+        tool_input, sort_keys=True
+    ):
+        raise ToolOperationMismatchError()
+    if result["status"] != "completed":
+        raise ToolOperationUncertainError()
+    return result["output"]

@@ -1,0 +1,50 @@
+"""Postgres fixtures: one embedded server per test session and one migrated database shared by tests
+that isolate themselves by using fresh user ids (row-level security does the rest)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from bastion.stores import PostgresStore, apply_migrations
+from tests.pg import PostgresCluster
+
+
+@dataclass(frozen=True)
+class MigratedDatabase:
+    cluster: PostgresCluster
+    name: str
+
+    @property
+    def admin_dsn(self) -> str:
+        return self.cluster.dsn(self.name)
+
+    @property
+    def app_dsn(self) -> str:
+        return self.cluster.dsn(self.name, user="bastion_app")
+
+
+@pytest.fixture(scope="session")
+def pg_cluster(tmp_path_factory: pytest.TempPathFactory) -> PostgresCluster:
+    return PostgresCluster(tmp_path_factory.mktemp("postgres") / "data")
+
+
+@pytest.fixture(scope="session")
+def migrated_database(pg_cluster: PostgresCluster) -> MigratedDatabase:
+    name = pg_cluster.database()
+    asyncio.run(apply_migrations(pg_cluster.dsn(name)))
+    pg_cluster.create_login_roles()
+    return MigratedDatabase(pg_cluster, name)
+
+
+@pytest.fixture
+async def store(migrated_database: MigratedDatabase) -> AsyncIterator[PostgresStore]:
+    """A store connected as the application role, never as a superuser."""
+    store = await PostgresStore.open(
+        migrated_database.app_dsn, admin_conninfo=migrated_database.admin_dsn, max_size=8
+    )
+    async with store:
+        yield store

