@@ -1,0 +1,792 @@
+"""MCP connections against real MCP servers (streamable HTTP and SSE) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from pydantic_ai.messages import ModelRequest, ToolReturnPart
+
+from bastion import AgentCancelledError, AgentTools, ToolCall, ToolPolicy, compose_tools, define_agent, tool
+from bastion.credentials import (
+    CredentialForbiddenError,
+    CredentialRef,
+    InMemoryCredentialProvider,
+    credential_auth,
+)
+from bastion.mcp import (
+    McpConnectionDefinition,
+    McpConnectionError,
+    McpConnections,
+    McpTransport,
+    create_mcp_connections,
+)
+from bastion.policies import DEFAULT_DENIED_OUTPUT
+from bastion.tools import Tool
+from tests.mcp_servers import (
+    SECRET_BODY,
+    SECRET_PATH,
+    SERVER_INSTRUCTIONS,
+    Behavior,
+    RunningServer,
+    serve_mcp,
+)
+from tests.scripted import Call, ScriptedModel, collect, everything_the_model_saw, user
+
+TOKENS = {"alice": "alice-token-0c1f", "bob": "bob-token-7a2e"}
+TRANSPORTS = ["http", "sse"]
+
+
+@dataclass(frozen=True)
+class Ctx:
+    user_id: str | None = "alice"
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    with serve_mcp(request.param) as running:
+        yield running
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def token_server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    with serve_mcp(request.param, Behavior(tokens=frozenset(TOKENS.values()))) as running:
+        yield running
+
+
+@pytest.fixture
+def fresh_http_server() -> Iterator[RunningServer]:
+    with serve_mcp("http") as running:
+        yield running
+
+
+def define(server: RunningServer, name: str = "docs", **options: Any) -> McpConnectionDefinition[Ctx]:
+    return McpConnectionDefinition(
+        name=name, transport=McpTransport(type=server.transport, url=server.url), **options
+    )
+
+
+def unreachable(name: str = "gone", **options: Any) -> McpConnectionDefinition[Ctx]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return McpConnectionDefinition(
+        name=name, transport=McpTransport(type="http", url=f"http://127.0.0.1:{port}/mcp"), **options
+    )
+
+
+async def connect(*definitions: McpConnectionDefinition[Ctx], **options: Any) -> McpConnections:
+    return await create_mcp_connections(list(definitions), context=options.pop("context", Ctx()), **options)
+
+
+def named(connections: McpConnections) -> dict[str, Tool]:
+    return {item.name: item for item in connections.tools}
+
+
+async def run(item: Tool, arguments: dict[str, Any]) -> Any:
+    assert item.execute is not None
+    return await item.execute(ToolCall(tool_name=item.name, input=arguments, tool_call_id="call-1"))
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait for something another thread or task does; fail after a generous deadline."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("The condition never held.")
+
+
+async def wait_for_delete(server: RunningServer) -> bool:
+    return await asyncio.to_thread(server.log.deletes.acquire, True, 10)
+
+
+def assert_reveals_nothing(error: McpConnectionError, *secrets: str) -> None:
+    shown = [str(error), repr(error), *(str(arg) for arg in error.args)]
+    shown += [repr(value) for value in vars(error).values()]
+    for secret in (SECRET_BODY, SECRET_PATH, "127.0.0.1", *TOKENS.values(), *secrets):
+        assert not any(secret in text for text in shown), secret
+    assert error.__cause__ is None
+
+
+# Configuration, checked before anything connects
+
+
+@pytest.mark.parametrize("timeout", [0, -5, 1.5, math.nan, math.inf, True, "30000"])
+async def test_an_invalid_request_timeout_is_a_configuration_error_before_connecting(timeout: Any) -> None:
+    opened: list[Ctx] = []
+
+    async def transport(context: Ctx) -> McpTransport:
+        opened.append(context)
+        return McpTransport(type="http", url="http://127.0.0.1:9/mcp")
+
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(McpConnectionDefinition(name="docs", transport=transport, request_timeout_ms=timeout))
+    assert raised.value.code == "configuration_error"
+    assert opened == []
+
+
+async def test_two_connections_with_one_name_are_a_configuration_error(server: RunningServer) -> None:
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(define(server), define(server))
+    assert raised.value.code == "configuration_error"
+    assert raised.value.connection == "docs"
+
+
+async def test_an_alias_colliding_with_another_connections_tool_fails_before_connecting() -> None:
+    opened: list[str] = []
+
+    def resolver(url: str) -> Any:
+        async def transport(context: Ctx) -> McpTransport:
+            opened.append(url)
+            return McpTransport(type="http", url=url)
+
+        return transport
+
+    first = McpConnectionDefinition(
+        name="a", transport=resolver("http://127.0.0.1:9/a"), allowlist=["search"]
+    )
+    second = McpConnectionDefinition(
+        name="b", transport=resolver("http://127.0.0.1:9/b"), aliases={"find": "a__search"}
+    )
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(first, second)
+    assert (raised.value.code, raised.value.tool) == ("configuration_error", "a__search")
+    assert opened == []
+
+
+async def test_an_alias_for_a_tool_outside_the_allowlist_is_a_configuration_error(
+    server: RunningServer,
+) -> None:
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(define(server, allowlist=["read"], aliases={"search": "find"}))
+    assert raised.value.code == "configuration_error"
+
+
+@pytest.mark.parametrize("name", ["", "has space", "dots.not.allowed", "x" * 65])
+async def test_a_connection_name_that_cannot_prefix_tool_names_is_a_configuration_error(
+    server: RunningServer, name: str
+) -> None:
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(define(server, name=name))
+    assert raised.value.code == "configuration_error"
+
+
+async def test_a_transport_url_that_is_not_http_is_a_configuration_error() -> None:
+    definition = McpConnectionDefinition[Ctx](
+        name="docs", transport=McpTransport(type="http", url="file:///etc")
+    )
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(definition)
+    assert raised.value.code == "configuration_error"
+
+
+async def test_an_invalid_resolved_transport_fails_even_an_optional_connection() -> None:
+    async def transport(context: Ctx) -> McpTransport:
+        return McpTransport(type="ws", url="http://127.0.0.1:9/mcp")
+
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(McpConnectionDefinition(name="docs", transport=transport, failure="optional"))
+    assert raised.value.code == "configuration_error"
+
+
+async def test_a_set_cancel_signal_stops_before_anything_connects(server: RunningServer) -> None:
+    cancel = asyncio.Event()
+    cancel.set()
+    before = len(server.log.requests)
+    with pytest.raises(AgentCancelledError):
+        await connect(define(server), cancel=cancel)
+    assert len(server.log.requests) == before
+
+
+# Discovery and names
+
+
+async def test_tools_are_exposed_by_alias_or_as_connection_name_and_remote_name(
+    server: RunningServer,
+) -> None:
+    connections = await connect(
+        define(server, allowlist=["search", "read"], aliases={"search": "search_documents"})
+    )
+    try:
+        assert sorted(named(connections)) == ["docs__read", "search_documents"]
+    finally:
+        await connections.close()
+
+
+async def test_a_namespace_replaces_the_connection_name_in_tool_names(server: RunningServer) -> None:
+    connections = await connect(define(server, namespace="kb", allowlist=["read"]))
+    try:
+        assert list(named(connections)) == ["kb__read"]
+    finally:
+        await connections.close()
+
+
+async def test_without_an_allowlist_every_remote_tool_is_exposed(server: RunningServer) -> None:
+    connections = await connect(define(server))
+    try:
+        assert {"docs__search", "docs__read", "docs__whoami", "docs__broken"} <= set(named(connections))
+    finally:
+        await connections.close()
+
+
+async def test_remote_tools_are_dynamic_with_the_servers_description_and_schema(
+    server: RunningServer,
+) -> None:
+    connections = await connect(define(server, allowlist=["search"]))
+    try:
+        search = named(connections)["docs__search"]
+        assert search.dynamic is True
+        assert search.description == "Search the documents."
+        assert search.input_schema["required"] == ["query"]
+    finally:
+        await connections.close()
+
+
+async def test_remote_tool_input_is_validated_against_the_servers_schema(server: RunningServer) -> None:
+    connections = await connect(define(server, allowlist=["search"]))
+    try:
+        with pytest.raises(ValueError, match="query"):
+            named(connections)["docs__search"].check_input({"q": 1})
+    finally:
+        await connections.close()
+
+
+async def test_a_name_collision_found_at_discovery_closes_every_client_and_publishes_nothing(
+    fresh_http_server: RunningServer,
+) -> None:
+    first = define(fresh_http_server, name="one", namespace="kb")
+    second = define(fresh_http_server, name="two", namespace="kb")
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(first, second)
+    assert raised.value.code == "configuration_error"
+    assert fresh_http_server.log.count("DELETE") == 2
+
+
+async def test_the_transport_is_resolved_from_the_context_at_every_open(server: RunningServer) -> None:
+    seen: list[Ctx] = []
+
+    async def transport(context: Ctx) -> McpTransport:
+        seen.append(context)
+        return McpTransport(type=server.transport, url=server.url)
+
+    definition = McpConnectionDefinition(name="docs", transport=transport, allowlist=["read"])
+    for who in ("alice", "bob"):
+        connections = await connect(definition, context=Ctx(who))
+        await connections.close()
+    assert seen == [Ctx("alice"), Ctx("bob")]
+
+
+async def test_tools_the_server_adds_after_discovery_are_not_exposed_with_an_allowlist(
+    fresh_http_server: RunningServer,
+) -> None:
+    definition = define(fresh_http_server, allowlist=["search", "unlock"])
+    connections = await connect(definition)
+    try:
+        assert await run(named(connections)["docs__unlock"], {}) == {"result": "unlocked"}
+        assert sorted(named(connections)) == ["docs__search", "docs__unlock"]
+    finally:
+        await connections.close()
+    later = await connect(definition)
+    try:
+        assert sorted(named(later)) == ["docs__search", "docs__unlock"]
+    finally:
+        await later.close()
+
+
+async def test_without_an_allowlist_a_later_turn_discovers_tools_the_server_added(
+    fresh_http_server: RunningServer,
+) -> None:
+    connections = await connect(define(fresh_http_server))
+    try:
+        assert "docs__added_later" not in named(connections)
+        await run(named(connections)["docs__unlock"], {})
+    finally:
+        await connections.close()
+    later = await connect(define(fresh_http_server))
+    try:
+        assert "docs__added_later" in named(later)
+    finally:
+        await later.close()
+
+
+# Optional and required connections
+
+
+async def test_an_optional_connection_that_cannot_connect_is_left_out_and_reported(
+    server: RunningServer,
+) -> None:
+    reported: list[McpConnectionError] = []
+    connections = await connect(
+        define(server, allowlist=["read"]), unreachable(failure="optional", on_error=reported.append)
+    )
+    try:
+        assert list(named(connections)) == ["docs__read"]
+        assert [(error.code, error.connection) for error in reported] == [("connection_failed", "gone")]
+    finally:
+        await connections.close()
+
+
+async def test_a_required_connection_that_cannot_connect_fails_and_closes_the_others(
+    fresh_http_server: RunningServer,
+) -> None:
+    async def after_the_other_connected(context: Ctx) -> McpTransport:
+        await until(lambda: fresh_http_server.log.count_rpc("tools/list") == 1)
+        return unreachable().transport  # type: ignore[return-value]
+
+    failing = McpConnectionDefinition(name="gone", transport=after_the_other_connected)
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(define(fresh_http_server), failing)
+    assert (raised.value.code, raised.value.connection) == ("connection_failed", "gone")
+    assert fresh_http_server.log.count("DELETE") == 1
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_required_connection_whose_discovery_is_too_slow_times_out(transport: str) -> None:
+    with (
+        serve_mcp(transport, Behavior(slow_discovery=True)) as slow,
+        pytest.raises(McpConnectionError) as raised,
+    ):
+        await connect(define(slow, request_timeout_ms=300))
+    assert raised.value.code == "timeout"
+
+
+async def test_an_optional_connection_whose_discovery_is_too_slow_is_left_out_and_reported() -> None:
+    reported: list[McpConnectionError] = []
+    with serve_mcp("http", Behavior(slow_discovery=True)) as slow:
+        connections = await connect(
+            define(slow, request_timeout_ms=300, failure="optional", on_error=reported.append)
+        )
+        await connections.close()
+    assert connections.tools == []
+    assert [error.code for error in reported] == ["timeout"]
+
+
+# Authorization
+
+
+@pytest.mark.parametrize("status", [401, 403])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_refused_credential_at_discovery_fails_even_an_optional_connection(
+    transport: str, status: int
+) -> None:
+    behavior = Behavior(tokens=frozenset({"right"}), token_status=status)
+    with serve_mcp(transport, behavior) as guarded:
+        definition = McpConnectionDefinition[Ctx](
+            name="docs",
+            transport=McpTransport(
+                type=guarded.transport, url=guarded.url, headers={"Authorization": "Bearer x"}
+            ),
+            failure="optional",
+        )
+        with pytest.raises(McpConnectionError) as raised:
+            await connect(definition)
+    assert (raised.value.code, raised.value.connection) == ("authorization_required", "docs")
+
+
+@pytest.mark.parametrize("status", [401, 403])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_refused_credential_during_a_call_is_authorization_required_and_reported(
+    transport: str, status: int
+) -> None:
+    reported: list[McpConnectionError] = []
+    with serve_mcp(transport, Behavior(reject_calls_with=status)) as guarded:
+        connections = await connect(define(guarded, allowlist=["search"], on_error=reported.append))
+        try:
+            with pytest.raises(McpConnectionError) as raised:
+                await run(named(connections)["docs__search"], {"query": "q"})
+        finally:
+            await connections.close()
+    assert (raised.value.code, raised.value.tool) == ("authorization_required", "docs__search")
+    assert [error.code for error in reported] == ["authorization_required"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_errors_reveal_no_url_credential_or_response_body(transport: str) -> None:
+    secret_header = {"Authorization": "Bearer wrong-SECRET-TOKEN"}
+    with serve_mcp(transport, Behavior(tokens=frozenset({"right"}))) as guarded:
+        definition = McpConnectionDefinition[Ctx](
+            name="docs",
+            transport=McpTransport(type=guarded.transport, url=guarded.url, headers=secret_header),
+        )
+        with pytest.raises(McpConnectionError) as at_discovery:
+            await connect(definition)
+    assert_reveals_nothing(at_discovery.value, "SECRET-TOKEN")
+    with serve_mcp(transport, Behavior(reject_calls_with=401)) as guarded:
+        connections = await connect(define(guarded, allowlist=["search"]))
+        try:
+            with pytest.raises(McpConnectionError) as during_call:
+                await run(named(connections)["docs__search"], {"query": "q"})
+        finally:
+            await connections.close()
+    assert_reveals_nothing(during_call.value)
+
+
+async def test_credential_auth_sends_the_users_own_token(token_server: RunningServer) -> None:
+    provider = InMemoryCredentialProvider()
+    ref = CredentialRef(provider="memory", secret="docs", scope="user")
+    await provider.put(ref, TOKENS["alice"], owner_id="alice")
+    definition = define(
+        token_server,
+        allowlist=["whoami"],
+        auth=credential_auth(provider=provider, ref=ref, owner="user", connection="Documents"),
+    )
+    connections = await connect(definition, context=Ctx("alice"))
+    try:
+        assert await run(named(connections)["docs__whoami"], {"user": "alice-via-auth"}) == {
+            "result": "alice-via-auth"
+        }
+    finally:
+        await connections.close()
+    [call] = token_server.log.tool_calls("whoami")[-1:]
+    assert call.authorization == f"Bearer {TOKENS['alice']}"
+
+
+async def test_a_user_without_a_stored_credential_needs_authorization_before_anything_connects(
+    server: RunningServer,
+) -> None:
+    provider = InMemoryCredentialProvider()
+    ref = CredentialRef(provider="memory", secret="docs", scope="user")
+    before = len(server.log.requests)
+    definition = define(
+        server,
+        failure="optional",
+        auth=credential_auth(provider=provider, ref=ref, owner="user", connection="Docs"),
+    )
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(definition, context=Ctx("carol"))
+    assert (raised.value.code, raised.value.connection) == ("authorization_required", "docs")
+    assert len(server.log.requests) == before
+
+
+async def test_a_turn_without_a_user_needs_authorization_for_a_user_owned_connection(
+    server: RunningServer,
+) -> None:
+    provider = InMemoryCredentialProvider()
+    ref = CredentialRef(provider="memory", secret="docs", scope="user")
+    definition = define(
+        server, auth=credential_auth(provider=provider, ref=ref, owner="user", connection="Docs")
+    )
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(definition, context=Ctx(None))
+    assert raised.value.code == "authorization_required"
+
+
+class RefusingProvider(InMemoryCredentialProvider):
+    async def get(self, ref: CredentialRef, *, owner_id: str | None = None) -> str | None:
+        raise CredentialForbiddenError()
+
+
+class BrokenProvider(InMemoryCredentialProvider):
+    async def get(self, ref: CredentialRef, *, owner_id: str | None = None) -> str | None:
+        raise OSError("the credential store is down")
+
+
+async def test_a_refused_credential_fails_even_an_optional_connection_as_authorization_failed(
+    server: RunningServer,
+) -> None:
+    ref = CredentialRef(provider="memory", secret="docs", scope="app")
+    auth = credential_auth(provider=RefusingProvider(), ref=ref, owner="app", connection="Docs")
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(define(server, failure="optional", auth=auth))
+    assert raised.value.code == "authorization_failed"
+
+
+async def test_an_optional_connection_whose_credential_store_fails_is_left_out_and_reported(
+    server: RunningServer,
+) -> None:
+    reported: list[McpConnectionError] = []
+    ref = CredentialRef(provider="memory", secret="docs", scope="app")
+    auth = credential_auth(provider=BrokenProvider(), ref=ref, owner="app", connection="Docs")
+    connections = await connect(define(server, failure="optional", auth=auth, on_error=reported.append))
+    await connections.close()
+    assert connections.tools == []
+    assert [error.code for error in reported] == ["connection_failed"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_concurrent_turns_of_two_users_each_send_only_their_own_credentials(transport: str) -> None:
+    with serve_mcp(transport, Behavior(tokens=frozenset(TOKENS.values()))) as guarded:
+
+        async def resolve(context: Ctx) -> McpTransport:
+            assert context.user_id is not None
+            token = TOKENS[context.user_id]
+            return McpTransport(
+                type=guarded.transport, url=guarded.url, headers={"Authorization": f"Bearer {token}"}
+            )
+
+        definition = McpConnectionDefinition(name="docs", transport=resolve, allowlist=["whoami"])
+
+        async def turn(who: str) -> list[Any]:
+            connections = await connect(definition, context=Ctx(who))
+            try:
+                whoami = named(connections)["docs__whoami"]
+                return list(await asyncio.gather(*(run(whoami, {"user": who}) for _ in range(8))))
+            finally:
+                await connections.close()
+
+        results = await asyncio.gather(turn("alice"), turn("bob"), turn("alice"), turn("bob"))
+        calls = guarded.log.tool_calls("whoami")
+    assert [len(result) for result in results] == [8, 8, 8, 8]
+    assert len(calls) == 32
+    assert all(call.authorization == f"Bearer {TOKENS[call.arguments['user']]}" for call in calls)
+
+
+# Results and call failures
+
+
+async def test_structured_content_is_the_calls_output(server: RunningServer) -> None:
+    connections = await connect(define(server, allowlist=["search"]))
+    try:
+        assert await run(named(connections)["docs__search"], {"query": "q"}) == {
+            "hits": ["doc-q"],
+            "query": "q",
+        }
+    finally:
+        await connections.close()
+
+
+async def test_unstructured_results_are_their_content_items(server: RunningServer) -> None:
+    connections = await connect(define(server, allowlist=["read"]))
+    try:
+        output = await run(named(connections)["docs__read"], {"id": "7"})
+    finally:
+        await connections.close()
+    assert output == {"content": [{"type": "text", "text": "Contents of 7."}]}
+
+
+async def test_an_is_error_result_stays_a_result_and_is_reported(server: RunningServer) -> None:
+    reported: list[McpConnectionError] = []
+    connections = await connect(define(server, allowlist=["broken"], on_error=reported.append))
+    try:
+        output = await run(named(connections)["docs__broken"], {})
+    finally:
+        await connections.close()
+    assert output["isError"] is True
+    assert "The document store is offline." in output["content"][0]["text"]
+    assert [(error.code, error.tool) for error in reported] == [("tool_error", "docs__broken")]
+
+
+async def test_a_call_the_server_does_not_answer_in_time_times_out_and_is_reported(
+    server: RunningServer,
+) -> None:
+    reported: list[McpConnectionError] = []
+    connections = await connect(
+        define(server, allowlist=["slow"], request_timeout_ms=300, on_error=reported.append)
+    )
+    try:
+        with pytest.raises(McpConnectionError) as raised:
+            await run(named(connections)["docs__slow"], {})
+    finally:
+        await connections.close()
+    assert (raised.value.code, raised.value.tool) == ("timeout", "docs__slow")
+    assert [error.code for error in reported] == ["timeout"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_dropped_connection_fails_the_call_as_connection_failed(transport: str) -> None:
+    with serve_mcp(transport) as dropping:
+        connections = await connect(define(dropping, allowlist=["disconnect"]))
+        try:
+            with pytest.raises(McpConnectionError) as raised:
+                await run(named(connections)["docs__disconnect"], {})
+        finally:
+            await connections.close()
+    assert (raised.value.code, raised.value.tool) == ("connection_failed", "docs__disconnect")
+
+
+async def test_a_protocol_error_from_the_server_is_execution_failed_and_reveals_nothing(
+    fresh_http_server: RunningServer,
+) -> None:
+    reported: list[McpConnectionError] = []
+    connections = await connect(define(fresh_http_server, allowlist=["explode"], on_error=reported.append))
+    try:
+        with pytest.raises(McpConnectionError) as raised:
+            await run(named(connections)["docs__explode"], {})
+    finally:
+        await connections.close()
+    assert (raised.value.code, raised.value.tool) == ("execution_failed", "docs__explode")
+    assert_reveals_nothing(raised.value)
+    assert [error.code for error in reported] == ["execution_failed"]
+
+
+async def test_a_failed_call_is_not_retried() -> None:
+    with serve_mcp("http") as dropping:
+        connections = await connect(define(dropping, allowlist=["disconnect"]))
+        try:
+            with pytest.raises(McpConnectionError):
+                await run(named(connections)["docs__disconnect"], {})
+        finally:
+            await connections.close()
+        assert len(dropping.log.tool_calls("disconnect")) == 1
+
+
+async def test_a_failing_on_error_hook_does_not_change_the_outcome(server: RunningServer) -> None:
+    def explode(error: McpConnectionError) -> None:
+        raise RuntimeError("hook failed")
+
+    connections = await connect(define(server, allowlist=["broken"], on_error=explode))
+    try:
+        assert (await run(named(connections)["docs__broken"], {}))["isError"] is True
+    finally:
+        await connections.close()
+
+
+# Lifecycle
+
+
+async def test_close_closes_each_client_exactly_once(fresh_http_server: RunningServer) -> None:
+    connections = await connect(define(fresh_http_server, allowlist=["read"]))
+    await asyncio.gather(connections.close(), connections.close())
+    await connections.close()
+    assert connections.closed
+    assert fresh_http_server.log.count("DELETE") == 1
+
+
+async def test_the_cancel_signal_closes_the_clients(fresh_http_server: RunningServer) -> None:
+    cancel = asyncio.Event()
+    connections = await connect(define(fresh_http_server, allowlist=["read"]), cancel=cancel)
+    cancel.set()
+    assert await wait_for_delete(fresh_http_server)
+    await connections.close()
+    assert fresh_http_server.log.count("DELETE") == 1
+
+
+async def test_cancelling_during_setup_closes_what_was_opened() -> None:
+    cancel = asyncio.Event()
+    with serve_mcp("http", Behavior(slow_discovery=True)) as slow:
+        setup = asyncio.ensure_future(connect(define(slow), cancel=cancel))
+        await until(lambda: slow.log.count_rpc("tools/list") == 1)
+        cancel.set()
+        with pytest.raises(AgentCancelledError):
+            await setup
+        assert slow.log.count("DELETE") == 1
+
+
+async def test_a_call_after_close_fails_as_closed(server: RunningServer) -> None:
+    connections = await connect(define(server, allowlist=["read"]))
+    await connections.close()
+    with pytest.raises(McpConnectionError) as raised:
+        await run(named(connections)["docs__read"], {"id": "1"})
+    assert raised.value.code == "closed"
+
+
+# Server instructions
+
+
+async def test_server_instructions_are_left_out_unless_the_definition_asks(server: RunningServer) -> None:
+    connections = await connect(define(server, allowlist=["read"]))
+    await connections.close()
+    assert connections.instructions is None
+
+
+async def test_server_instructions_are_offered_when_the_definition_asks(server: RunningServer) -> None:
+    connections = await connect(define(server, allowlist=["read"], include_instructions=True))
+    await connections.close()
+    assert connections.instructions is not None
+    assert SERVER_INSTRUCTIONS in connections.instructions
+
+
+# End to end through the agent loop
+
+
+def documents_agent(server: RunningServer, **definition: Any) -> Any:
+    @tool
+    def note(text: str) -> str:
+        """Write a note."""
+        return f"noted: {text}"
+
+    mcp_definitions = [
+        define(
+            server,
+            allowlist=["search", "read", "whoami", "broken"],
+            aliases={"search": "search_documents"},
+            **definition,
+        )
+    ]
+
+    async def tools(context: Ctx) -> AgentTools:
+        connections = await create_mcp_connections(mcp_definitions, context=context)
+        try:
+            return AgentTools(tools=compose_tools([note], connections.tools), close=connections.close)
+        except BaseException:
+            await connections.close()
+            raise
+
+    return define_agent(
+        name="documents",
+        instructions="Help with documents.",
+        tools=tools,
+        permissions={
+            "note": ToolPolicy(),
+            "search_documents": ToolPolicy(
+                model_output=lambda output, context, call: {"hit_count": len(output["hits"])}
+            ),
+            "docs__read": ToolPolicy(visible=lambda context: False),
+            "docs__whoami": ToolPolicy(can_execute=lambda context, call: False),
+            "docs__broken": ToolPolicy(needs_approval=True),
+        },
+    )
+
+
+def chunk_for(chunks: list[dict[str, Any]], kind: str, call_id: str) -> dict[str, Any]:
+    return next(chunk for chunk in chunks if chunk["type"] == kind and chunk.get("toolCallId") == call_id)
+
+
+async def test_mcp_tools_run_with_local_tools_under_the_agents_permission_map(
+    fresh_http_server: RunningServer,
+) -> None:
+    agent = documents_agent(fresh_http_server)
+    model = ScriptedModel(
+        [
+            Call("search_documents", {"query": "q1"}),
+            Call("docs__whoami", {"user": "mallory"}),
+            Call("note", {"text": "hi"}),
+        ],
+        [Call("docs__broken", {})],
+    )
+    session = await agent.prepare(context=Ctx())
+    chunks = await collect(await session.stream(model=model, messages=[user("find q1")]))
+    await session.close()
+
+    offered = {definition.name for definition in model.requests[0].info.function_tools}
+    assert offered == {"note", "search_documents", "docs__whoami", "docs__broken"}
+    assert chunk_for(chunks, "tool-input-available", "call-1-0")["dynamic"] is True
+    assert chunk_for(chunks, "tool-output-available", "call-1-0")["output"] == {
+        "hits": ["doc-q1"],
+        "query": "q1",
+    }
+    assert chunk_for(chunks, "tool-output-available", "call-1-2")["output"] == "noted: hi"
+    returns = {
+        part.tool_call_id: part
+        for message in model.requests[1].messages
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+    }
+    assert returns["call-1-0"].content == {"hit_count": 1}
+    assert returns["call-1-1"].content == dict(DEFAULT_DENIED_OUTPUT)
+    assert chunks[-2]["type"] == "tool-approval-request"
+    assert chunks[-2]["toolCallId"] == "call-2-0"
+    assert [call.tool for call in fresh_http_server.log.tool_calls()] == ["search"]
+    assert SERVER_INSTRUCTIONS not in everything_the_model_saw(model)
+    assert fresh_http_server.log.count("DELETE") == 1
+
+
+async def test_a_refused_credential_during_a_turn_is_a_tool_error_that_reveals_nothing() -> None:
+    reported: list[McpConnectionError] = []
+    with serve_mcp("http", Behavior(reject_calls_with=401)) as guarded:
+        agent = documents_agent(guarded, on_error=reported.append)
+        model = ScriptedModel([Call("search_documents", {"query": "q"})], ["Please reconnect."])
+        session = await agent.prepare(context=Ctx())
+        chunks = await collect(await session.stream(model=model, messages=[user("find q")]))
+        await session.close()
+    error_text = chunk_for(chunks, "tool-output-error", "call-1-0")["errorText"]
+    assert error_text == "The docs connection needs authorization. Reconnect it and try again."
+    assert [error.code for error in reported] == ["authorization_required"]
