@@ -749,6 +749,19 @@ async def test_static_instructions_and_the_skill_catalog_stay_separate_from_mess
     assert loads == ["style"]
 
 
+async def test_instructions_a_tool_source_brings_follow_the_static_ones() -> None:
+    def factory(ctx: Ctx) -> AgentTools:
+        return AgentTools(tools=[], instructions="The docs server answers in French.")
+
+    agent = define_agent(name="a", instructions="Be kind.", tools=factory)
+    model = ScriptedModel(["ok"])
+    await run_turn(agent, model, [user("hi")])
+    instructions = model.requests[0].info.model_request_parameters.instruction_parts
+    assert instructions is not None
+    assert [part.content for part in instructions] == ["Be kind.", "The docs server answers in French."]
+    assert instructions[1].dynamic
+
+
 async def test_the_skill_loader_is_hidden_unless_the_permission_map_lists_it() -> None:
     async def load() -> str:
         return "x"

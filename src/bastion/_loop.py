@@ -74,6 +74,7 @@ class TurnPlan:
     tools: dict[str, Tool]
     instructions: str
     skill_instructions: str | None
+    tool_instructions: str | None
     max_steps: int
     tool_retries: int
     execute_tool: ExecuteToolHook | None
@@ -137,6 +138,8 @@ class AgentStreamResult:
         instruction_parts = [InstructionPart(content=plan.instructions)] if plan.instructions else []
         if plan.skill_instructions:
             instruction_parts.append(InstructionPart(content=plan.skill_instructions))
+        if plan.tool_instructions:
+            instruction_parts.append(InstructionPart(content=plan.tool_instructions, dynamic=True))
         parameters = ModelRequestParameters(
             function_tools=definitions,
             native_tools=natives,

@@ -50,10 +50,15 @@ DEFAULT_TOOL_RETRIES = 2
 
 @dataclass(frozen=True)
 class AgentTools:
-    """The tools a factory built for one turn, and how to release what it opened for them."""
+    """The tools a factory built for one turn, and how to release what it opened for them.
+
+    `instructions` are added to the turn's instructions after the static ones and the skill catalog,
+    for tool sources that bring their own guidance (an MCP server's, when its definition asks).
+    """
 
     tools: Sequence[Tool] = ()
     close: Callable[[], Awaitable[None]] | None = None
+    instructions: str | None = None
 
 
 ToolFactoryResult: TypeAlias = AgentTools | Sequence[Tool]
@@ -160,6 +165,7 @@ class Agent(Generic[ContextT]):
             agent=self,
             context=context,
             tools=by_name,
+            tool_instructions=built.instructions,
             close_tools=built.close,
             cancel=cancel,
             execute_tool=execute_tool,
@@ -194,6 +200,7 @@ class AgentSession(Generic[ContextT]):
         agent: Agent[ContextT],
         context: ContextT,
         tools: dict[str, Tool],
+        tool_instructions: str | None,
         close_tools: Callable[[], Awaitable[None]] | None,
         cancel: asyncio.Event | None,
         execute_tool: ExecuteToolHook | None,
@@ -201,6 +208,7 @@ class AgentSession(Generic[ContextT]):
         self._agent = agent
         self._context = context
         self._tools = tools
+        self._tool_instructions = tool_instructions
         self._close_tools = close_tools
         self._cancel = cancel
         self._execute_tool = execute_tool
@@ -261,6 +269,7 @@ class AgentSession(Generic[ContextT]):
             tools=self._tools,
             instructions=agent.instructions,
             skill_instructions=agent.skills.instructions if agent.skills is not None else None,
+            tool_instructions=self._tool_instructions,
             max_steps=agent.max_steps,
             tool_retries=agent.tool_retries,
             execute_tool=self._execute_tool,
