@@ -1,0 +1,191 @@
+"""The peer benchmark's harness: its verifier refuses broken turns, its figures and report are right,
+and the limit system runs end to end through it. Needs only bastion's own dependencies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from bench.client import HttpResponse
+from bench.harness import Batch, Cell, Options, Run, run_benchmark, run_cell
+from bench.protocol import TurnVerificationError, verify_turn
+from bench.report import BEGIN, END, render, write_report
+from bench.servers import SystemServer
+from bench.stats import Spread, cell_figures, cpu_split, percentile
+from bench.systems import ClientConfig, ServerConfig, load_system
+from bench.systems.limit import turn_events
+
+WORDS = 5
+STREAM_HEADERS = {"content-type": "text/event-stream"}
+
+
+def events() -> list[bytes]:
+    return list(turn_events(WORDS, 1))
+
+
+def response(stream: list[bytes]) -> HttpResponse:
+    return HttpResponse(status=200, headers=STREAM_HEADERS, body=b"".join(stream))
+
+
+def chunk_type(event: bytes) -> str | None:
+    payload = event.decode()[len("data: ") :].strip()
+    return None if payload == "[DONE]" else str(json.loads(payload)["type"])
+
+
+def delta_indexes(stream: list[bytes]) -> list[int]:
+    return [index for index, event in enumerate(stream) if chunk_type(event) == "text-delta"]
+
+
+def test_the_verifier_accepts_a_complete_turn_and_assembles_its_message() -> None:
+    verified = verify_turn(response(events()), words=WORDS)
+    assert verified.deltas == WORDS
+    tool_part, text_part = verified.message["parts"][1], verified.message["parts"][3]
+    assert tool_part["state"] == "output-available" and tool_part["output"]["found"] is True
+    assert text_part["text"] == "word0 word1 word2 word3 word4 "
+
+
+def test_the_verifier_refuses_a_missing_delta() -> None:
+    stream = events()
+    del stream[delta_indexes(stream)[2]]
+    with pytest.raises(TurnVerificationError, match="delta 2"):
+        verify_turn(response(stream), words=WORDS)
+
+
+def test_the_verifier_refuses_a_turn_short_of_deltas_at_the_end() -> None:
+    stream = events()
+    del stream[delta_indexes(stream)[-1]]
+    with pytest.raises(TurnVerificationError, match="4 text deltas, expected 5"):
+        verify_turn(response(stream), words=WORDS)
+
+
+def test_the_verifier_refuses_out_of_order_deltas() -> None:
+    stream = events()
+    first, second = delta_indexes(stream)[1:3]
+    stream[first], stream[second] = stream[second], stream[first]
+    with pytest.raises(TurnVerificationError, match="delta 1"):
+        verify_turn(response(stream), words=WORDS)
+
+
+def test_the_verifier_refuses_a_missing_tool_result() -> None:
+    stream = [event for event in events() if chunk_type(event) != "tool-output-available"]
+    with pytest.raises(TurnVerificationError, match="text before the tool result"):
+        verify_turn(response(stream), words=WORDS)
+
+
+def test_the_verifier_refuses_a_stream_without_done() -> None:
+    stream = events()[:-1]
+    with pytest.raises(TurnVerificationError, match=r"\[DONE\]"):
+        verify_turn(response(stream), words=WORDS)
+
+
+def test_the_verifier_refuses_an_error_chunk() -> None:
+    stream = events()
+    stream.insert(-2, b'data: {"type":"error","errorText":"boom"}\n\n')
+    with pytest.raises(TurnVerificationError, match="error chunk"):
+        verify_turn(response(stream), words=WORDS)
+
+
+def test_the_verifier_refuses_an_error_status() -> None:
+    failed = HttpResponse(status=500, headers={"content-type": "application/json"}, body=b"{}")
+    with pytest.raises(TurnVerificationError, match="status 500"):
+        verify_turn(failed, words=WORDS)
+
+
+def test_percentile_is_the_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.5) == 50.0
+    assert percentile(values, 0.99) == 99.0
+    assert percentile([3.0], 0.99) == 3.0
+
+
+def test_a_spread_shows_the_median_and_the_range_of_the_rounds() -> None:
+    spread = Spread.of([12.0, 10.0, 11.0])
+    assert spread is not None and spread.format() == "11.0 (10.0–12.0)"
+    assert Spread.of([]) is None
+
+
+def test_the_cpu_split_separates_fixed_cost_from_the_cost_per_delta() -> None:
+    full = cell_figures([batch(turns=10, cpu_seconds=0.30)])  # 30 ms per 200-word turn
+    short = cell_figures([batch(turns=10, cpu_seconds=0.12, words=20)])  # 12 ms per 20-word turn
+    split = cpu_split(full, short, words=200, short_words=20)
+    assert split is not None
+    assert split.per_delta_us == pytest.approx(100.0)
+    assert split.fixed_ms == pytest.approx(10.0)
+
+
+def batch(
+    *, system: str = "s", turns: int = 10, cpu_seconds: float = 0.1, words: int = 200, failures: int = 0
+) -> Batch:
+    found = Batch(system, Cell("new", 1, words), round=1, turns=turns, deltas=turns * words)
+    found.latencies = [0.01 * (index + 1) for index in range(turns)]
+    found.wall_seconds = 1.0
+    found.server_cpu_seconds = cpu_seconds
+    found.failures = ["TurnVerificationError: the stream does not end with [DONE]"] * failures
+    return found
+
+
+def test_the_report_shows_a_failing_system_as_failing_not_as_fast() -> None:
+    options = Options(
+        systems=["fast", "broken"], rounds=1, concurrency=(1,), scenarios=("new",), calibration_words=0
+    )
+    batches = [batch(system="fast", turns=10), batch(system="broken", turns=30, failures=2)]
+    run = Run(options, batches, {"fast": "peer", "broken": "subject"}, None)
+    text = render(run, command="bench/run")
+    rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
+    assert "FAILED (2 of 32)" in rows["| broken"]
+    assert "10.0" in rows["| fast"]
+    assert "- broken: TurnVerificationError" in text
+
+
+def test_writing_the_report_keeps_the_text_around_the_generated_section(tmp_path: Path) -> None:
+    path = tmp_path / "BENCHMARKS.md"
+    path.write_text(f"# Benchmarks\n\nIntro.\n\n{BEGIN}\nold\n{END}\n\n## Reading\n\nKept.\n")
+    write_report(path, f"{BEGIN}\nnew\n{END}\n")
+    text = path.read_text()
+    assert "old" not in text and "new" in text
+    assert text.startswith("# Benchmarks\n\nIntro.") and text.endswith("## Reading\n\nKept.\n")
+
+
+def test_the_limit_runs_end_to_end_through_the_harness() -> None:
+    options = Options(
+        systems=["limit"],
+        rounds=1,
+        concurrency=(1,),
+        scenarios=("new", "conversation"),
+        min_turns=2,
+        conversation_turns=2,
+        calibration_words=0,
+        warmup_turns=1,
+    )
+    run = run_benchmark(options)
+    assert [(b.cell.scenario, b.turns, b.failures) for b in run.batches] == [
+        ("new", 2, []),
+        ("conversation", 2, []),
+    ]
+    assert all(b.deltas == 2 * 200 and b.server_cpu_seconds >= 0 for b in run.batches)
+    assert "| limit | " in render(run, command="bench/run")
+
+
+async def test_a_system_whose_turns_fail_verification_is_counted_as_failing(tmp_path: Path) -> None:
+    limit = load_system("limit")
+    config = ServerConfig(database_url=None, supabase_url="https://bench.supabase.co", jwks={})
+    server = SystemServer("limit", config, tmp_path)
+    try:
+        server.wait_ready()
+        wrong: Any = SimpleNamespace(
+            build_request=limit.build_request,
+            verify_stream=lambda response, words: verify_turn(response, words=words + 1),
+        )
+        failing = Batch("limit", Cell("new", 2, 3), round=1)
+        options = Options(systems=["limit"], min_turns=4)
+        await run_cell(
+            wrong, server.port, failing.cell, ClientConfig(bearer_token=""), options=options, batch=failing
+        )
+    finally:
+        server.stop()
+    assert failing.turns == 0 and failing.latencies == []
+    assert len(failing.failures) == 4 and "expected 4" in failing.failures[0]
