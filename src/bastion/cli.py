@@ -1,11 +1,18 @@
-"""The `bastion` command."""
+"""The `bastion` command: `serve` the reference assistant, `migrate` its database, print a `token`."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bastion import __version__
+
+if TYPE_CHECKING:
+    from bastion.assistant.config import AssistantConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,16 +20,68 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bastion", description="Serve AI agents over HTTP.")
     parser.add_argument("--version", action="version", version=f"bastion {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("serve", help="run the reference assistant")
+    serve = commands.add_parser("serve", help="run the reference assistant")
+    migrate = commands.add_parser("migrate", help="apply the database migrations and exit")
+    token = commands.add_parser("token", help="print a development sign-in token for USER")
+    token.add_argument("user", help="a user name (letters, digits, dots, dashes, underscores)")
+    for command in (serve, migrate, token):
+        command.add_argument("--host", help="address to listen on (default 127.0.0.1, or BASTION_HOST)")
+        command.add_argument("--port", type=int, help="port to listen on (default 8000, or BASTION_PORT)")
+        command.add_argument("--data-dir", type=Path, help="where local state lives (default .bastion)")
     args = parser.parse_args(argv)
-    if args.command == "serve":
-        print(
-            "bastion serve: the reference assistant is not built yet; "
-            "the framework is importable as `bastion`.",
-            file=sys.stderr,
-        )
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    from bastion.assistant.config import AssistantConfig
+    from bastion.assistant.server import STARTUP_ERRORS, fail
+
+    try:
+        config = AssistantConfig.from_env(host=args.host, port=args.port, data_dir=args.data_dir)
+        if args.command == "serve":
+            return _serve(config)
+        if args.command == "migrate":
+            return asyncio.run(_migrate(config))
+        return _token(config, args.user)
+    except STARTUP_ERRORS as error:
+        return fail(error)
+
+
+def _progress(message: str) -> None:
+    print(f"bastion: {message}", file=sys.stderr, flush=True)
+
+
+def _serve(config: AssistantConfig) -> int:
+    from bastion.assistant.server import serve
+
+    try:
+        asyncio.run(serve(config, progress=_progress))
+    except KeyboardInterrupt:
+        _progress("stopped.")
+    return 0
+
+
+async def _migrate(config: AssistantConfig) -> int:
+    from bastion.assistant.database import migrate, open_database
+
+    _progress("Connecting to DATABASE_URL…" if config.database_url else "Starting the embedded database…")
+    database = await open_database(database_url=config.database_url, data_dir=config.data_dir)
+    try:
+        applied = await migrate(database)
+    finally:
+        database.close()
+    _progress(f"applied {', '.join(applied)}." if applied else "the database is up to date.")
+    return 0
+
+
+def _token(config: AssistantConfig, user: str) -> int:
+    from bastion.assistant.dev_auth import InvalidUserNameError
+    from bastion.assistant.server import development_sign_in
+
+    try:
+        print(development_sign_in(config).issue_token(user))
+    except InvalidUserNameError as error:
+        _progress(str(error))
         return 2
-    return 0  # pragma: no cover - argparse requires a command
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

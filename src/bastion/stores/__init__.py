@@ -4,7 +4,13 @@
 `bastion.stores.entities` and the errors in `bastion.stores.errors` are shared by every store.
 """
 
-from bastion.stores._migrations import MigrationChangedError, apply_migrations, available_migrations
+from bastion.stores._migrations import (
+    Migration,
+    MigrationChangedError,
+    apply_application_migrations,
+    apply_migrations,
+    available_migrations,
+)
 from bastion.stores.entities import (
     Conversation,
     Feedback,
@@ -30,6 +36,7 @@ __all__ = [
     "Conversation",
     "Feedback",
     "InvalidInputError",
+    "Migration",
     "MigrationChangedError",
     "NotFoundError",
     "PostgresAgentPersistence",
@@ -45,6 +52,7 @@ __all__ = [
     "TurnConflictError",
     "TurnContext",
     "TurnState",
+    "apply_application_migrations",
     "apply_migrations",
     "available_migrations",
 ]

@@ -1,0 +1,1 @@
+"""The reference assistant: an application built on bastion, served by `bastion serve`."""

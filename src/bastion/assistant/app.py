@@ -1,0 +1,383 @@
+"""The assistant's HTTP application: the chat stream, conversations, events, feedback and the web page.
+
+Identity comes only from the verified token; a missing and a foreign conversation answer 404 alike;
+every error is JSON with a stable code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+from pydantic_ai.models import Model
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from bastion import AgentTools, start_agent_run
+from bastion.assistant.agent import AssistantContext, assistant_agent
+from bastion.assistant.demo_model import demo_model
+from bastion.assistant.dev_auth import DevelopmentSignIn, InvalidUserNameError
+from bastion.assistant.notes import PostgresNoteBook
+from bastion.assistant.openapi import openapi_document
+from bastion.auth import Principal, SupabaseEnv, TokenVerifier
+from bastion.errors import BastionError
+from bastion.stores import (
+    InvalidInputError,
+    NotFoundError,
+    PostgresStore,
+    StoreIdentity,
+    TurnContext,
+)
+from bastion.stream import StreamStatus, create_agent_stream_response
+from bastion.worker import RequestContext, Route, create_agent_worker
+
+__all__ = ["AssistantApp", "build_routes"]
+
+logger = logging.getLogger("bastion.assistant")
+
+TRIGGERS = frozenset({"submit-message", "regenerate-message"})
+TITLE_LENGTH = 80
+STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css"}
+
+
+class InvalidRequestError(BastionError):
+    """The request body is not what this endpoint takes."""
+
+    code = "invalid_input"
+    status = 400
+
+
+@dataclass
+class AssistantApp:
+    """Everything the routes share: the store, the agent, the model, and how users sign in."""
+
+    store: PostgresStore
+    model: Model | None
+    env: SupabaseEnv
+    development_sign_in: DevelopmentSignIn | None = None
+    history_window: int = 50
+    remote_tools: Callable[[Principal], Callable[[], Awaitable[AgentTools]]] | None = None
+    remote_tool_names: tuple[str, ...] = ()
+    agent: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.agent = assistant_agent(remote_tool_names=self.remote_tool_names)
+        self.persistence = self.store.persistence(history_window=self.history_window)
+        self.demo = self.model is None
+        self.active_model: Model = self.model or demo_model()
+
+    def asgi(self, *, lifespan: Any = None) -> Any:
+        verifier = TokenVerifier(self.env)
+        return create_agent_worker(
+            env=self.env, routes=build_routes(self), verifier=verifier, lifespan=lifespan
+        )
+
+    # Chat
+
+    async def chat(self, request: Request, context: RequestContext) -> Response:
+        principal = _principal(context)
+        body = await _json_body(request)
+        conversation_id = _uuid(body.get("id"), "id")
+        trigger = body.get("trigger", "submit-message")
+        messages = body.get("messages")
+        if trigger not in TRIGGERS:
+            raise InvalidRequestError("trigger must be 'submit-message' or 'regenerate-message'.")
+        if not isinstance(messages, list) or not messages:
+            raise InvalidRequestError("messages must be a non-empty list of UI messages.")
+        identity = StoreIdentity.from_principal(principal)
+        turn = TurnContext(identity=identity, conversation_id=conversation_id, request_id=str(uuid.uuid4()))
+        try:
+            run = await start_agent_run(
+                persistence=self.persistence, context=turn, messages=messages, trigger=trigger
+            )
+        except NotFoundError:
+            await self._create_for_chat(identity, conversation_id, messages)
+            run = await start_agent_run(
+                persistence=self.persistence, context=turn, messages=messages, trigger=trigger
+            )
+        assistant_context = AssistantContext(
+            principal=principal,
+            notes=PostgresNoteBook(self.store, identity),
+            remote_tools=self.remote_tools(principal) if self.remote_tools is not None else None,
+        )
+        session = None
+        try:
+            session = await self.agent.prepare(
+                context=assistant_context, cancel=context.cancel, execute_tool=run.execute_tool
+            )
+            result = await session.stream(model=self.active_model, messages=run.messages)
+        except BaseException:
+            if session is not None:
+                await session.close()
+            await run.finish(status="failed")
+            raise
+
+        async def on_finish(*, response_message: dict[str, Any], status: StreamStatus) -> None:
+            await run.finish(response_message=response_message, status=status)
+
+        async def on_settled(*, status: StreamStatus) -> None:
+            try:
+                await run.finish(status=status)
+            finally:
+                await session.close()
+
+        return create_agent_stream_response(
+            result, original_messages=run.messages, on_finish=on_finish, on_settled=on_settled
+        )
+
+    async def _create_for_chat(
+        self, identity: StoreIdentity, conversation_id: str, messages: list[Any]
+    ) -> None:
+        """A chat on an id nobody has yet starts a conversation for the caller; anyone else's stays 404."""
+        try:
+            await self.store.create_conversation(
+                identity, conversation_id=conversation_id, title=_title_from(messages)
+            )
+        except InvalidInputError:
+            raise NotFoundError() from None
+
+    # Conversations
+
+    async def list_conversations(self, request: Request, context: RequestContext) -> Response:
+        identity = StoreIdentity.from_principal(_principal(context))
+        conversations = await self.store.list_conversations(identity, limit=100)
+        return JSONResponse({"conversations": [_conversation_json(c) for c in conversations]})
+
+    async def create_conversation(self, request: Request, context: RequestContext) -> Response:
+        identity = StoreIdentity.from_principal(_principal(context))
+        body = await _json_body(request, optional=True)
+        title = body.get("title")
+        if title is not None and not isinstance(title, str):
+            raise InvalidRequestError("title must be a string.")
+        conversation = await self.store.create_conversation(identity, title=title)
+        return JSONResponse(_conversation_json(conversation), status_code=201)
+
+    async def get_conversation(self, request: Request, context: RequestContext) -> Response:
+        identity = StoreIdentity.from_principal(_principal(context))
+        conversation = await self.store.get_conversation(identity, _param_uuid(context))
+        return JSONResponse(_conversation_json(conversation))
+
+    async def update_conversation(self, request: Request, context: RequestContext) -> Response:
+        identity = StoreIdentity.from_principal(_principal(context))
+        body = await _json_body(request)
+        title = body.get("title")
+        if not isinstance(title, str):
+            raise InvalidRequestError("title must be a string.")
+        conversation = await self.store.update_conversation(identity, _param_uuid(context), title=title)
+        return JSONResponse(_conversation_json(conversation))
+
+    async def delete_conversation(self, request: Request, context: RequestContext) -> Response:
+        identity = StoreIdentity.from_principal(_principal(context))
+        await self.store.delete_conversation(identity, _param_uuid(context))
+        return Response(status_code=204)
+
+    async def list_messages(self, request: Request, context: RequestContext) -> Response:
+        identity = StoreIdentity.from_principal(_principal(context))
+        stored = await self.store.list_messages(identity, _param_uuid(context))
+        return JSONResponse({"messages": [message.message for message in stored]})
+
+    async def list_events(self, request: Request, context: RequestContext) -> Response:
+        identity = StoreIdentity.from_principal(_principal(context))
+        after = _cursor(request.query_params.get("after", "0"))
+        events = await self.store.list_events(identity, _param_uuid(context), after=after, limit=100)
+        items = [_event_json(event) for event in events]
+        return JSONResponse({"events": items, "next": items[-1]["cursor"] if items else after})
+
+    async def add_feedback(self, request: Request, context: RequestContext) -> Response:
+        identity = StoreIdentity.from_principal(_principal(context))
+        body = await _json_body(request)
+        message_id, rating, comment = body.get("message_id"), body.get("rating"), body.get("comment")
+        if not isinstance(message_id, str) or rating not in ("up", "down"):
+            raise InvalidRequestError("Send a message_id and a rating of 'up' or 'down'.")
+        if comment is not None and not isinstance(comment, str):
+            raise InvalidRequestError("comment must be a string.")
+        feedback = await self.store.add_feedback(
+            identity, _param_uuid(context), message_id, rating=rating, comment=comment
+        )
+        return JSONResponse(_record(feedback), status_code=201)
+
+    # Public routes
+
+    async def health(self, request: Request, context: RequestContext) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def info(self, request: Request, context: RequestContext) -> Response:
+        return JSONResponse(
+            {
+                "demo_model": self.demo,
+                "model": "demo" if self.demo else self.active_model.model_name,
+                "development_sign_in": self.development_sign_in is not None,
+            }
+        )
+
+    async def openapi(self, request: Request, context: RequestContext) -> Response:
+        return JSONResponse(openapi_document(build_routes(self)))
+
+    async def jwks(self, request: Request, context: RequestContext) -> Response:
+        if self.development_sign_in is None:
+            raise NotFoundError()
+        return JSONResponse(self.development_sign_in.jwks)
+
+    async def development_token(self, request: Request, context: RequestContext) -> Response:
+        if self.development_sign_in is None or not _from_loopback(request):
+            raise NotFoundError()
+        body = await _json_body(request)
+        user = body.get("user")
+        if not isinstance(user, str):
+            raise InvalidRequestError(str(InvalidUserNameError()))
+        try:
+            token = self.development_sign_in.issue_token(user)
+        except InvalidUserNameError as error:
+            raise InvalidRequestError(str(error)) from None
+        return JSONResponse(
+            {
+                "access_token": token,
+                "token_type": "bearer",
+                "expires_in": 3600,
+                "user": {"id": DevelopmentSignIn.user_id(user), "email": f"{user.lower()}@localhost"},
+            }
+        )
+
+    async def page(self, request: Request, context: RequestContext) -> Response:
+        return _static("index.html")
+
+    async def static(self, request: Request, context: RequestContext) -> Response:
+        return _static(str(context.params.get("name", "")))
+
+
+def build_routes(app: AssistantApp) -> list[Route]:
+    """Every route of the assistant, each declaring its authentication."""
+    conversation = "/api/conversations/{conversation_id}"
+    return [
+        Route(method="POST", path="/api/chat", auth="user", handler=app.chat),
+        Route(method="GET", path="/api/conversations", auth="user", handler=app.list_conversations),
+        Route(method="POST", path="/api/conversations", auth="user", handler=app.create_conversation),
+        Route(method="GET", path=conversation, auth="user", handler=app.get_conversation),
+        Route(method="PATCH", path=conversation, auth="user", handler=app.update_conversation),
+        Route(method="DELETE", path=conversation, auth="user", handler=app.delete_conversation),
+        Route(method="GET", path=f"{conversation}/messages", auth="user", handler=app.list_messages),
+        Route(method="GET", path=f"{conversation}/events", auth="user", handler=app.list_events),
+        Route(method="POST", path=f"{conversation}/feedback", auth="user", handler=app.add_feedback),
+        Route(method="GET", path="/health", auth="none", handler=app.health),
+        Route(method="GET", path="/api/info", auth="none", handler=app.info),
+        Route(method="GET", path="/openapi.json", auth="none", handler=app.openapi),
+        Route(method="GET", path="/auth/v1/.well-known/jwks.json", auth="none", handler=app.jwks),
+        Route(method="POST", path="/auth/dev/token", auth="none", handler=app.development_token),
+        Route(method="GET", path="/", auth="none", handler=app.page),
+        Route(method="GET", path="/static/{name}", auth="none", handler=app.static),
+    ]
+
+
+def _principal(context: RequestContext) -> Principal:
+    if context.principal is None:
+        raise RuntimeError("A user route ran without a verified principal.")
+    return context.principal
+
+
+async def _json_body(request: Request, *, optional: bool = False) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw and optional:
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise InvalidRequestError("The body must be a JSON object.") from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError("The body must be a JSON object.")
+    return body
+
+
+def _uuid(value: object, name: str) -> str:
+    try:
+        return str(uuid.UUID(str(value))) if isinstance(value, str) else _invalid(name)
+    except ValueError:
+        return _invalid(name)
+
+
+def _invalid(name: str) -> str:
+    raise InvalidRequestError(f"{name} must be a conversation id (a UUID).")
+
+
+def _param_uuid(context: RequestContext) -> str:
+    """A malformed id is not found, like a foreign one: ids cannot be probed by their shape."""
+    try:
+        return str(uuid.UUID(str(context.params.get("conversation_id"))))
+    except ValueError:
+        raise NotFoundError() from None
+
+
+def _cursor(value: str) -> int:
+    if not value.isdigit() or len(value) > 18:
+        raise InvalidRequestError("after must be a non-negative event cursor.")
+    return int(value)
+
+
+def _title_from(messages: list[Any]) -> str | None:
+    for message in reversed(messages):
+        if isinstance(message, Mapping) and message.get("role") == "user":
+            for part in message.get("parts") or []:
+                if (
+                    isinstance(part, Mapping)
+                    and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)
+                ):
+                    text = " ".join(part["text"].split())
+                    return text[:TITLE_LENGTH] or None
+    return None
+
+
+def _record(value: Any) -> dict[str, Any]:
+    plain: dict[str, Any] = _plain(value)
+    return plain
+
+
+def _plain(value: Any) -> Any:
+    """A store record as JSON-ready values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {item.name: _plain(getattr(value, item.name)) for item in dataclasses.fields(value)}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def _conversation_json(conversation: Any) -> dict[str, Any]:
+    plain = _record(conversation)
+    return {
+        key: plain[key] for key in ("id", "title", "revision", "created_at", "updated_at") if key in plain
+    }
+
+
+def _event_json(event: Any) -> dict[str, Any]:
+    plain = _record(event)
+    plain.setdefault("cursor", plain.get("id"))
+    return plain
+
+
+def _from_loopback(request: Request) -> bool:
+    host = request.client.host if request.client is not None else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _static(name: str) -> Response:
+    suffix = name[name.rfind(".") :] if "." in name else ""
+    if "/" in name or name.startswith(".") or suffix not in STATIC_TYPES:
+        raise NotFoundError()
+    asset = resources.files("bastion.assistant").joinpath("static", name)
+    if not asset.is_file():
+        raise NotFoundError()
+    return Response(
+        asset.read_bytes(),
+        media_type=STATIC_TYPES[suffix],
+        headers={"cache-control": "no-cache", "x-content-type-options": "nosniff"},
+    )

@@ -1,0 +1,143 @@
+"""The reference assistant's configuration, read once from the environment with errors that say the fix."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic_ai.models import Model
+
+__all__ = ["AssistantConfig", "ConfigError", "resolve_model"]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_DATA_DIR = ".bastion"
+DEFAULT_HISTORY_WINDOW = 50
+
+
+class ConfigError(ValueError):
+    """A setting is missing or wrong; the message names the variable and what to try."""
+
+    code = "configuration_error"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AssistantConfig:
+    """Everything the assistant reads from its environment. Secrets stay out of `repr`."""
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    data_dir: Path = field(default_factory=lambda: Path(DEFAULT_DATA_DIR))
+    database_url: str | None = field(default=None, repr=False)
+    app_database_url: str | None = field(default=None, repr=False)
+    model: str | None = None
+    model_base_url: str | None = None
+    model_api_key: str | None = field(default=None, repr=False)
+    supabase_url: str | None = None
+    supabase_publishable_key: str | None = field(default=None, repr=False)
+    supabase_secret_key: str | None = field(default=None, repr=False)
+    supabase_jwt_secret: str | None = field(default=None, repr=False)
+    mcp_url: str | None = None
+    mcp_token: str | None = field(default=None, repr=False)
+    history_window: int = DEFAULT_HISTORY_WINDOW
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> AssistantConfig:
+        """Read the settings; `overrides` (from command-line flags) win over the environment."""
+        env = os.environ if environ is None else environ
+
+        def text(name: str) -> str | None:
+            value = env.get(name, "").strip()
+            return value or None
+
+        values: dict[str, object] = {
+            "host": text("BASTION_HOST") or DEFAULT_HOST,
+            "port": _port(text("BASTION_PORT")),
+            "data_dir": Path(text("BASTION_DATA_DIR") or DEFAULT_DATA_DIR),
+            "database_url": text("DATABASE_URL"),
+            "app_database_url": text("BASTION_APP_DATABASE_URL"),
+            "model": text("BASTION_MODEL"),
+            "model_base_url": text("BASTION_MODEL_BASE_URL"),
+            "model_api_key": text("BASTION_MODEL_API_KEY"),
+            "supabase_url": text("SUPABASE_URL"),
+            "supabase_publishable_key": text("SUPABASE_PUBLISHABLE_KEY"),
+            "supabase_secret_key": text("SUPABASE_SECRET_KEY"),
+            "supabase_jwt_secret": text("SUPABASE_JWT_SECRET"),
+            "mcp_url": text("BASTION_MCP_URL"),
+            "mcp_token": text("BASTION_MCP_TOKEN"),
+            "history_window": _positive_int("BASTION_HISTORY_WINDOW", text("BASTION_HISTORY_WINDOW"))
+            or DEFAULT_HISTORY_WINDOW,
+        }
+        values.update({key: value for key, value in overrides.items() if value is not None})
+        config = cls(**values)  # type: ignore[arg-type]
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"BASTION_PORT must be between 1 and 65535, not {self.port}.")
+        if self.app_database_url is not None and self.database_url is None:
+            raise ConfigError("BASTION_APP_DATABASE_URL needs DATABASE_URL, which runs the migrations.")
+        if self.model_base_url is not None and self.model is None:
+            raise ConfigError("BASTION_MODEL_BASE_URL needs BASTION_MODEL, the model name the server knows.")
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the server only listens on this machine (development sign-in needs it)."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+def _port(value: str | None) -> int:
+    if value is None:
+        return DEFAULT_PORT
+    if not value.isdigit():
+        raise ConfigError(f"BASTION_PORT must be a number, not {value!r}.")
+    return int(value)
+
+
+def _positive_int(name: str, value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"{name} must be a positive whole number, not {value!r}.")
+    return int(value)
+
+
+def resolve_model(config: AssistantConfig) -> Model | None:
+    """The configured model, or None for the offline demo model. Errors say which variable to fix."""
+    if config.model is None:
+        return None
+    if config.model_base_url is not None:
+        from pydantic_ai.models.openai import OpenAIChatModel
+        from pydantic_ai.providers.openai import OpenAIProvider
+
+        provider = OpenAIProvider(
+            base_url=config.model_base_url, api_key=config.model_api_key or "not-needed"
+        )
+        return OpenAIChatModel(config.model, provider=provider)
+    from pydantic_ai.exceptions import UserError
+    from pydantic_ai.models import infer_model
+
+    try:
+        return infer_model(config.model)
+    except UserError as error:
+        raise ConfigError(
+            f"BASTION_MODEL={config.model!r} cannot be used: {error} "
+            "Use a pydantic-ai model name such as 'openai:gpt-5.4-nano' with its provider's key variable, "
+            "or unset BASTION_MODEL for the offline demo model."
+        ) from None
+    except ImportError as error:
+        raise ConfigError(f"BASTION_MODEL={config.model!r} needs a provider package: {error}") from None

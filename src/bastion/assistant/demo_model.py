@@ -1,0 +1,102 @@
+"""The offline demo model: deterministic, no provider, and honest about being a demo.
+
+It reads the latest user message and walks the real paths a model would: it streams text word by
+word, calls a tool, asks to save a note (which needs approval), and loads a skill. It is pydantic-ai's
+`FunctionModel`, so the loop cannot tell it from a provider.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart, UserPromptPart
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+
+__all__ = ["DEMO_NOTICE", "demo_model"]
+
+DEMO_NOTICE = "This is bastion's offline demo model; set BASTION_MODEL to use a real one."
+
+_HELP = (
+    "Try: “who am I?”, “remember that the launch is on Friday”, “show my notes”, "
+    "or “how should I write notes?”."
+)
+
+
+def demo_model() -> FunctionModel:
+    """A deterministic stand-in for a model provider."""
+    return FunctionModel(stream_function=_respond, model_name="bastion-demo")
+
+
+async def _respond(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
+    offered = {tool.name for tool in info.function_tools}
+    result = _latest_tool_result(messages)
+    if result is not None:
+        for word in _words(_describe_result(result)):
+            yield word
+        return
+    text = _latest_user_text(messages).strip()
+    call = _choose_tool(text, offered)
+    if call is not None:
+        name, arguments = call
+        yield {0: DeltaToolCall(name=name, json_args=json.dumps(arguments), tool_call_id=None)}
+        return
+    reply = f"{DEMO_NOTICE} You said: “{text[:200]}”. {_HELP}" if text else f"{DEMO_NOTICE} {_HELP}"
+    for word in _words(reply):
+        yield word
+
+
+def _choose_tool(text: str, offered: set[str]) -> tuple[str, dict[str, Any]] | None:
+    lowered = text.lower()
+
+    def says(pattern: str) -> bool:
+        return re.search(pattern, lowered) is not None
+
+    remember = re.match(r"^(?:please\s+)?(?:remember|note)(?:\s+that)?[:\s]+(.+)$", text, flags=re.IGNORECASE)
+    if remember and "save_note" in offered:
+        return "save_note", {"text": remember.group(1).strip()[:500]}
+    if (says(r"\bwho am i\b") or says(r"\bidentity\b")) and "get_identity" in offered:
+        return "get_identity", {}
+    if (says(r"\bhow should\b") or says(r"\bguide\b") or says(r"\bskill")) and "load_skill" in offered:
+        return "load_skill", {"name": "note-writing"}
+    if says(r"\bnotes\b") and "list_notes" in offered:
+        return "list_notes", {}
+    return None
+
+
+def _latest_tool_result(messages: list[ModelMessage]) -> ToolReturnPart | None:
+    last = messages[-1] if messages else None
+    if not isinstance(last, ModelRequest):
+        return None
+    returns = [part for part in last.parts if isinstance(part, ToolReturnPart)]
+    return returns[-1] if returns else None
+
+
+def _latest_user_text(messages: list[ModelMessage]) -> str:
+    for message in reversed(messages):
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if isinstance(part, UserPromptPart):
+                    content = part.content
+                    if isinstance(content, str):
+                        return content
+                    return " ".join(item for item in content if isinstance(item, str))
+    return ""
+
+
+def _describe_result(result: ToolReturnPart) -> str:
+    if result.outcome == "denied":
+        return "Understood, I did not do that."
+    if result.outcome in ("failed", "retried", "interrupted"):
+        return "That did not work. Please try again."
+    summary = json.dumps(result.content, ensure_ascii=False, default=str)
+    if len(summary) > 300:
+        summary = summary[:297] + "..."
+    return f"Here is what {result.tool_name} returned: {summary} ({DEMO_NOTICE})"
+
+
+def _words(text: str) -> list[str]:
+    words = text.split(" ")
+    return [word + " " for word in words[:-1]] + [words[-1]]

@@ -1,0 +1,146 @@
+"""Running the assistant: the database, migrations, sign-in, the model, and uvicorn on one address."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from bastion.assistant.app import AssistantApp
+from bastion.assistant.config import AssistantConfig, ConfigError, resolve_model
+from bastion.assistant.database import Database, DatabaseError, migrate, open_database
+from bastion.assistant.demo_model import DEMO_NOTICE
+from bastion.assistant.dev_auth import DevelopmentSignIn
+from bastion.auth import SupabaseEnv
+from bastion.stores import PostgresStore
+
+__all__ = ["RunningAssistant", "development_sign_in", "running_assistant", "serve", "supabase_env"]
+
+logger = logging.getLogger("bastion.assistant")
+
+Progress = Callable[[str], None]
+
+
+def _quiet(message: str) -> None:
+    logger.info(message)
+
+
+@dataclass
+class RunningAssistant:
+    app: AssistantApp
+    database: Database
+    asgi: Any
+
+
+def development_sign_in(config: AssistantConfig) -> DevelopmentSignIn:
+    """Local sign-in for this address; its tokens name the server's own issuer."""
+    return DevelopmentSignIn(data_dir=config.data_dir, issuer=f"{config.base_url}/auth/v1")
+
+
+def supabase_env(config: AssistantConfig) -> tuple[SupabaseEnv, DevelopmentSignIn | None]:
+    """Supabase's keys when configured; otherwise development sign-in, which needs a loopback host."""
+    if config.supabase_url is not None:
+        env = SupabaseEnv(
+            url=config.supabase_url,
+            publishable_keys={"default": config.supabase_publishable_key}
+            if config.supabase_publishable_key
+            else {},
+            secret_keys={"default": config.supabase_secret_key} if config.supabase_secret_key else {},
+            jwt_secret=config.supabase_jwt_secret,
+        )
+        return env, None
+    if not config.loopback:
+        raise ConfigError(
+            f"Development sign-in only runs on this machine, but the host is {config.host!r}. "
+            "Set SUPABASE_URL to use Supabase sign-in, or serve on 127.0.0.1."
+        )
+    sign_in = development_sign_in(config)
+    return SupabaseEnv(url=config.base_url, jwks=sign_in.jwks), sign_in
+
+
+@contextlib.asynccontextmanager
+async def running_assistant(
+    config: AssistantConfig, *, progress: Progress = _quiet
+) -> AsyncIterator[RunningAssistant]:
+    """The assistant with its database ready and migrated; everything is closed on exit."""
+    model = resolve_model(config)
+    env, sign_in = supabase_env(config)
+    started = time.monotonic()
+    progress(
+        "Connecting to DATABASE_URL…"
+        if config.database_url
+        else f"Starting the embedded database in {config.data_dir / 'postgres'}…"
+    )
+    database = await open_database(
+        database_url=config.database_url, app_database_url=config.app_database_url, data_dir=config.data_dir
+    )
+    try:
+        applied = await migrate(database)
+        progress(
+            f"Database ready in {time.monotonic() - started:.1f} s"
+            + (f" (applied {', '.join(applied)})." if applied else ".")
+        )
+        store = await PostgresStore.open(database.app_conninfo, admin_conninfo=database.admin_conninfo)
+        try:
+            app = AssistantApp(
+                store=store,
+                model=model,
+                env=env,
+                development_sign_in=sign_in,
+                history_window=config.history_window,
+            )
+            yield RunningAssistant(app=app, database=database, asgi=app.asgi())
+        finally:
+            await store.close()
+    finally:
+        database.close()
+
+
+def _check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"Port {port} on {host} is in use. Stop the other server or choose another port: "
+                    f"bastion serve --port {port + 1}"
+                ) from None
+            raise ConfigError(f"Cannot listen on {host}:{port}: {error.strerror}.") from None
+
+
+async def serve(config: AssistantConfig, *, progress: Progress) -> None:
+    """Run the assistant until interrupted."""
+    _check_port_free(config.host, config.port)
+    async with running_assistant(config, progress=progress) as running:
+        if running.app.demo:
+            logger.warning(DEMO_NOTICE)
+            progress(DEMO_NOTICE)
+        if running.app.development_sign_in is not None:
+            progress("Development sign-in is on: pick any user name on the page (this machine only).")
+        progress(f"bastion assistant at {config.base_url}/  (Ctrl+C to stop)")
+        server = uvicorn.Server(
+            uvicorn.Config(
+                running.asgi, host=config.host, port=config.port, log_level="warning", lifespan="off"
+            )
+        )
+        await server.serve()
+
+
+def fail(error: Exception) -> int:
+    """Print a startup error the way a user needs it: what went wrong and what to try."""
+    print(f"bastion: {error}", file=sys.stderr)
+    return 2
+
+
+STARTUP_ERRORS = (ConfigError, DatabaseError)

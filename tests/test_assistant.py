@@ -1,0 +1,341 @@
+"""The reference assistant served for real: Postgres, development sign-in, the demo model, the HTTP API,
+the real AI SDK client through an approval round trip, and the web page in headless Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+import uvicorn
+
+from bastion.assistant.config import AssistantConfig
+from bastion.assistant.server import running_assistant
+from bastion.stores import apply_migrations
+from bastion.worker import Route
+from tests.ai_sdk import ai_sdk_dir, approve, run_chat, send
+from tests.pg import PostgresCluster
+
+
+@dataclass
+class Served:
+    url: str
+    config: AssistantConfig
+    client: httpx2.AsyncClient
+
+    async def sign_in(self, user: str) -> dict[str, str]:
+        response = await self.client.post(f"{self.url}/auth/dev/token", json={"user": user})
+        assert response.status_code == 200, response.text
+        return {"Authorization": f"Bearer {response.json()['access_token']}"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+async def served(pg_cluster: PostgresCluster, tmp_path: Path) -> AsyncIterator[Served]:
+    """The assistant on a fresh database, migrated as the owner and served as the application role."""
+    database = pg_cluster.database("assistant")
+    config = AssistantConfig(
+        port=free_port(),
+        data_dir=tmp_path,
+        database_url=pg_cluster.dsn(database),
+        app_database_url=pg_cluster.dsn(database, user="bastion_app"),
+    )
+    await apply_migrations(pg_cluster.dsn(database))
+    pg_cluster.create_login_roles()
+    async with running_assistant(config) as running:
+        server = uvicorn.Server(
+            uvicorn.Config(
+                running.asgi, host="127.0.0.1", port=config.port, log_level="warning", lifespan="off"
+            )
+        )
+        task = asyncio.ensure_future(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        async with httpx2.AsyncClient(timeout=30) as client:
+            yield Served(url=config.base_url, config=config, client=client)
+        server.should_exit = True
+        await task
+
+
+def user_message(text: str) -> dict[str, Any]:
+    return {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+async def chat(
+    served: Served, headers: dict[str, str], conversation: str, messages: list[Any]
+) -> httpx2.Response:
+    body = {"id": conversation, "messages": messages, "trigger": "submit-message"}
+    return await served.client.post(f"{served.url}/api/chat", json=body, headers=headers)
+
+
+def stream_types(response: httpx2.Response) -> list[str]:
+    return [
+        json.loads(line[6:])["type"]
+        for line in response.text.splitlines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
+
+
+def streamed_text(response: httpx2.Response) -> str:
+    chunks = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+    return "".join(chunk["delta"] for chunk in chunks if chunk["type"] == "text-delta")
+
+
+# The HTTP API
+
+
+async def test_health_and_info_are_public_and_say_the_model_is_a_demo(served: Served) -> None:
+    health = await served.client.get(f"{served.url}/health")
+    info = await served.client.get(f"{served.url}/api/info")
+    assert health.json() == {"status": "ok"}
+    assert info.json() == {"demo_model": True, "model": "demo", "development_sign_in": True}
+
+
+async def test_api_routes_need_a_token(served: Served) -> None:
+    response = await served.client.get(f"{served.url}/api/conversations")
+    assert response.status_code == 401
+    assert response.json()["code"] == "missing_token"
+
+
+async def test_a_chat_creates_the_conversation_for_the_caller_and_streams_the_demo_reply(
+    served: Served,
+) -> None:
+    headers = await served.sign_in("ada")
+    conversation = str(uuid.uuid4())
+    response = await chat(served, headers, conversation, [user_message("hello")])
+    assert response.status_code == 200
+    assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
+    assert stream_types(response)[:3] == ["start", "start-step", "text-start"]
+    assert "offline demo model" in streamed_text(response)
+    listed = await served.client.get(f"{served.url}/api/conversations", headers=headers)
+    [created] = listed.json()["conversations"]
+    assert created["id"] == conversation
+    assert created["title"] == "hello"
+
+
+async def test_a_foreign_and_a_missing_conversation_are_404_alike(served: Served) -> None:
+    ada = await served.sign_in("ada")
+    bob = await served.sign_in("bob")
+    conversation = str(uuid.uuid4())
+    await chat(served, ada, conversation, [user_message("private")])
+    for path in ("", "/messages", "/events"):
+        foreign = await served.client.get(f"{served.url}/api/conversations/{conversation}{path}", headers=bob)
+        missing = await served.client.get(f"{served.url}/api/conversations/{uuid.uuid4()}{path}", headers=bob)
+        assert foreign.status_code == missing.status_code == 404
+        assert foreign.json() == missing.json()
+    hijack = await chat(served, bob, conversation, [user_message("let me in")])
+    assert hijack.status_code == 404
+    rename = await served.client.patch(
+        f"{served.url}/api/conversations/{conversation}", json={"title": "mine"}, headers=bob
+    )
+    assert rename.status_code == 404
+    messages = await served.client.get(f"{served.url}/api/conversations/{conversation}/messages", headers=ada)
+    assert [m["role"] for m in messages.json()["messages"]] == ["user", "assistant"]
+
+
+async def test_conversations_can_be_created_renamed_and_deleted(served: Served) -> None:
+    headers = await served.sign_in("ada")
+    created = await served.client.post(
+        f"{served.url}/api/conversations", json={"title": "Plans"}, headers=headers
+    )
+    assert created.status_code == 201
+    conversation = created.json()["id"]
+    renamed = await served.client.patch(
+        f"{served.url}/api/conversations/{conversation}", json={"title": "Launch plans"}, headers=headers
+    )
+    assert renamed.json()["title"] == "Launch plans"
+    deleted = await served.client.delete(f"{served.url}/api/conversations/{conversation}", headers=headers)
+    assert deleted.status_code == 204
+    gone = await served.client.get(f"{served.url}/api/conversations/{conversation}", headers=headers)
+    assert gone.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"id": "not-a-uuid", "messages": [], "trigger": "submit-message"}, "invalid_input"),
+        ({"id": str(uuid.uuid4()), "messages": [], "trigger": "submit-message"}, "invalid_input"),
+        ({"id": str(uuid.uuid4()), "messages": [{"role": "user"}], "trigger": "resume"}, "invalid_input"),
+    ],
+)
+async def test_bad_chat_requests_get_a_clear_error(served: Served, body: dict[str, Any], code: str) -> None:
+    headers = await served.sign_in("ada")
+    response = await served.client.post(f"{served.url}/api/chat", json=body, headers=headers)
+    assert response.status_code == 400
+    assert response.json()["code"] == code
+
+
+async def test_a_malformed_body_is_refused_and_nothing_is_stored(served: Served) -> None:
+    headers = await served.sign_in("ada")
+    response = await served.client.post(f"{served.url}/api/chat", content=b"{not json", headers=headers)
+    assert response.status_code == 400
+    listed = await served.client.get(f"{served.url}/api/conversations", headers=headers)
+    assert listed.json()["conversations"] == []
+
+
+async def test_an_event_cursor_must_be_a_number(served: Served) -> None:
+    headers = await served.sign_in("ada")
+    conversation = str(uuid.uuid4())
+    await chat(served, headers, conversation, [user_message("hi")])
+    response = await served.client.get(
+        f"{served.url}/api/conversations/{conversation}/events?after=x", headers=headers
+    )
+    assert response.status_code == 400
+    assert response.json()["code"] == "invalid_input"
+
+
+async def test_feedback_is_recorded_for_a_message(served: Served) -> None:
+    headers = await served.sign_in("ada")
+    conversation = str(uuid.uuid4())
+    await chat(served, headers, conversation, [user_message("hi")])
+    messages = await served.client.get(
+        f"{served.url}/api/conversations/{conversation}/messages", headers=headers
+    )
+    reply = messages.json()["messages"][-1]["id"]
+    response = await served.client.post(
+        f"{served.url}/api/conversations/{conversation}/feedback",
+        json={"message_id": reply, "rating": "up"},
+        headers=headers,
+    )
+    assert response.status_code == 201
+    assert response.json()["rating"] == "up"
+    refused = await served.client.post(
+        f"{served.url}/api/conversations/{conversation}/feedback",
+        json={"message_id": reply, "rating": "great"},
+        headers=headers,
+    )
+    assert refused.status_code == 400
+
+
+async def test_development_sign_in_refuses_bad_user_names(served: Served) -> None:
+    response = await served.client.post(f"{served.url}/auth/dev/token", json={"user": "../admin"})
+    assert response.status_code == 400
+    assert response.json()["code"] == "invalid_input"
+
+
+async def test_the_openapi_document_matches_the_routes(served: Served) -> None:
+    from bastion.assistant.app import build_routes
+
+    document = (await served.client.get(f"{served.url}/openapi.json")).json()
+    documented = {(path, method.upper()) for path, methods in document["paths"].items() for method in methods}
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            async def handler(*args: Any) -> None:
+                return None
+
+            handler.__name__ = name
+            return handler
+
+    routes: list[Route] = build_routes(Recorder())  # type: ignore[arg-type]
+    assert documented == {(route.path, route.method) for route in routes}
+    chat_operation = document["paths"]["/api/chat"]["post"]
+    assert chat_operation["security"] == [{"bearerAuth": []}]
+    assert document["paths"]["/health"]["get"]["security"] == []
+
+
+async def test_the_page_and_its_assets_are_served(served: Served) -> None:
+    page = await served.client.get(f"{served.url}/")
+    script = await served.client.get(f"{served.url}/static/chat.js")
+    missing = await served.client.get(f"{served.url}/static/..%2Fapp.py")
+    assert page.status_code == 200 and "bastion assistant" in page.text
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert missing.status_code == 404
+
+
+# The real AI SDK client, through an approval round trip, with events replayed by cursor
+
+
+@pytest.mark.parametrize("sdk", ["7", "6"])
+async def test_the_ai_sdk_client_approves_a_note_and_the_stored_history_matches(
+    served: Served, sdk: str
+) -> None:
+    ai_sdk_dir()
+    headers = await served.sign_in(f"ada{sdk}")
+    conversation = str(uuid.uuid4())
+    actions = [send("remember that the launch is on Friday"), approve(True), send("show my notes")]
+    asked, approved, listed = await run_chat(
+        sdk, f"{served.url}/api/chat", actions, headers=headers, chat_id=conversation
+    )
+    for state in (asked, approved, listed):
+        assert state["status"] == "ready", state["error"]
+    [saved] = [p for p in approved["messages"][-1]["parts"] if p["type"] == "tool-save_note"]
+    assert saved["state"] == "output-available"
+    assert saved["output"]["text"] == "the launch is on Friday"
+    [notes] = [p for p in listed["messages"][-1]["parts"] if p["type"] == "tool-list_notes"]
+    assert [note["text"] for note in notes["output"]["notes"]] == ["the launch is on Friday"]
+
+    stored = await served.client.get(
+        f"{served.url}/api/conversations/{conversation}/messages", headers=headers
+    )
+    assert stored.json()["messages"] == listed["messages"]
+
+    first = await served.client.get(f"{served.url}/api/conversations/{conversation}/events", headers=headers)
+    events = first.json()["events"]
+    types = [event["type"] for event in events]
+    assert types[:3] == ["run.started", "approval.requested", "run.waiting_for_approval"]
+    assert "approval.responded" in types and types[-1] == "run.completed"
+    middle = events[2]["cursor"]
+    rest = await served.client.get(
+        f"{served.url}/api/conversations/{conversation}/events?after={middle}", headers=headers
+    )
+    assert rest.json()["events"] == events[3:]
+    assert "the launch is on Friday" not in json.dumps(events)
+
+
+# The web page in real headless Chromium
+
+
+def chromium_path() -> str:
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.skip("Chromium is not installed: the test command installs it where it can")
+
+
+async def test_a_person_signs_in_chats_approves_reloads_and_a_second_user_sees_nothing(
+    served: Served, tmp_path: Path
+) -> None:
+    browser = chromium_path()
+    js_dir = ai_sdk_dir()
+    screenshot = tmp_path / "assistant.png"
+    process = await asyncio.create_subprocess_exec(
+        "node",
+        "browser-flow.mjs",
+        cwd=js_dir,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    request = {"url": f"{served.url}/", "chromium": browser, "screenshot": str(screenshot)}
+    stdout, stderr = await asyncio.wait_for(process.communicate(json.dumps(request).encode()), timeout=120)
+    assert process.returncode == 0, stderr.decode()[-3000:]
+    seen = json.loads(stdout)
+    steps = seen["steps"]
+    assert seen["pageErrors"] == []
+    assert steps["signInPage"] == {"devNoteVisible": True, "demoBadgeVisible": True}
+    assert "offline demo model" in " ".join(steps["firstReply"]["texts"])
+    assert "approval-requested" in steps["approvalRequested"]["cards"]
+    assert "the launch is on Friday" in steps["approved"]["output"]
+    assert any("save_note returned" in text for text in steps["approved"]["texts"])
+    assert steps["reloaded"]["userTexts"] == ["hello there", "remember that the launch is on Friday"]
+    assert steps["reloaded"]["cards"] == ["output-available"]
+    assert steps["reloaded"]["conversations"] == ["hello there"]
+    assert steps["secondUser"]["conversations"] == []
+    assert steps["secondUser"]["messages"] == 0
+    assert steps["secondUser"]["probe"]["status"] == 404
+    assert screenshot.stat().st_size > 0

@@ -1,0 +1,193 @@
+"""Starting the assistant: configuration errors that say the fix, development sign-in, the demo model and the
+`bastion` command."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+
+from bastion import define_agent, tool
+from bastion.assistant.config import AssistantConfig, ConfigError, resolve_model
+from bastion.assistant.demo_model import DEMO_NOTICE, demo_model
+from bastion.assistant.dev_auth import DevelopmentSignIn, InvalidUserNameError
+from bastion.assistant.server import supabase_env
+from bastion.auth import TokenVerifier
+from tests.scripted import collect, user
+
+
+def test_defaults_need_no_configuration() -> None:
+    config = AssistantConfig.from_env({})
+    assert (config.host, config.port, config.database_url, config.model) == ("127.0.0.1", 8000, None, None)
+    assert config.loopback
+
+
+@pytest.mark.parametrize(
+    ("environ", "says"),
+    [
+        ({"BASTION_PORT": "eighty"}, "BASTION_PORT must be a number"),
+        ({"BASTION_PORT": "70000"}, "between 1 and 65535"),
+        ({"BASTION_HISTORY_WINDOW": "0"}, "BASTION_HISTORY_WINDOW must be a positive whole number"),
+        ({"BASTION_MODEL_BASE_URL": "http://127.0.0.1:11434/v1"}, "needs BASTION_MODEL"),
+        ({"BASTION_APP_DATABASE_URL": "postgresql://app@/db"}, "needs DATABASE_URL"),
+    ],
+)
+def test_bad_settings_name_the_variable_and_the_fix(environ: dict[str, str], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        AssistantConfig.from_env(environ)
+
+
+def test_an_unknown_model_name_says_what_to_use_instead() -> None:
+    config = AssistantConfig.from_env({"BASTION_MODEL": "nonsense:model"})
+    with pytest.raises(ConfigError, match=r"openai:gpt-5\.4-nano"):
+        resolve_model(config)
+
+
+def test_no_model_means_the_demo_model() -> None:
+    assert resolve_model(AssistantConfig.from_env({})) is None
+
+
+def test_an_openai_compatible_base_url_gives_that_model() -> None:
+    config = AssistantConfig.from_env(
+        {"BASTION_MODEL": "llama3", "BASTION_MODEL_BASE_URL": "http://127.0.0.1:1/v1"}
+    )
+    model = resolve_model(config)
+    assert model is not None and model.model_name == "llama3"
+
+
+def test_development_sign_in_needs_a_loopback_host() -> None:
+    with pytest.raises(ConfigError, match="SUPABASE_URL"):
+        supabase_env(AssistantConfig.from_env({"BASTION_HOST": "0.0.0.0"}))
+
+
+def test_supabase_settings_replace_development_sign_in(tmp_path: Path) -> None:
+    env, sign_in = supabase_env(
+        AssistantConfig.from_env(
+            {"SUPABASE_URL": "https://ref.supabase.co", "BASTION_DATA_DIR": str(tmp_path)}
+        )
+    )
+    assert sign_in is None
+    assert env.issuer == "https://ref.supabase.co/auth/v1"
+    assert not (tmp_path / "dev-signing-key.pem").exists()
+
+
+async def test_development_tokens_pass_the_real_verifier_and_survive_a_restart(tmp_path: Path) -> None:
+    config = AssistantConfig(data_dir=tmp_path)
+    env, sign_in = supabase_env(config)
+    assert sign_in is not None
+    token = sign_in.issue_token("Ada")
+    principal = await TokenVerifier(env).verify(token)
+    assert principal.id == DevelopmentSignIn.user_id("ada")
+    assert principal.email == "ada@localhost"
+    restarted, _ = supabase_env(config)
+    assert (await TokenVerifier(restarted).verify(token)).id == principal.id
+    assert (tmp_path / "dev-signing-key.pem").stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.parametrize("name", ["", "../admin", "a b", "-ada", "x" * 64, "ädа"])
+def test_development_user_names_are_plain(tmp_path: Path, name: str) -> None:
+    sign_in = DevelopmentSignIn(data_dir=tmp_path, issuer="http://127.0.0.1:8000/auth/v1")
+    with pytest.raises(InvalidUserNameError):
+        sign_in.issue_token(name)
+
+
+def test_a_development_token_carries_supabase_claims(tmp_path: Path) -> None:
+    sign_in = DevelopmentSignIn(data_dir=tmp_path, issuer="http://127.0.0.1:8000/auth/v1")
+    claims = jwt.decode(sign_in.issue_token("ada"), options={"verify_signature": False})
+    assert claims["aud"] == claims["role"] == "authenticated"
+    assert claims["iss"] == "http://127.0.0.1:8000/auth/v1"
+    assert claims["exp"] - claims["iat"] == 3600
+
+
+def demo_tools(context: Any) -> list[Any]:
+    @tool
+    async def get_identity() -> dict[str, str]:
+        """Who the user is."""
+        return {"user_id": "u1"}
+
+    @tool(needs_approval=True)
+    async def save_note(text: str) -> dict[str, str]:
+        """Save a note."""
+        return {"text": text}
+
+    @tool
+    async def list_notes() -> dict[str, list[str]]:
+        """List notes."""
+        return {"notes": []}
+
+    return [get_identity, save_note, list_notes]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        ("who am I?", "tool-output-available"),
+        ("remember that the launch is on Friday", "tool-approval-request"),
+        ("show my notes", "tool-output-available"),
+        ("hello", "text-delta"),
+    ],
+)
+async def test_the_demo_model_walks_the_real_paths(prompt: str, expected: str) -> None:
+    agent = define_agent(name="demo", instructions="", tools=demo_tools)
+    session = await agent.prepare(context=None)
+    chunks = await collect(await session.stream(model=demo_model(), messages=[user(prompt)]))
+    kinds = [chunk["type"] for chunk in chunks]
+    assert expected in kinds
+    text = "".join(chunk["delta"] for chunk in chunks if chunk["type"] == "text-delta")
+    if expected != "tool-approval-request":
+        assert DEMO_NOTICE in text
+
+
+def bastion(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bastion.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_bastion_token_prints_a_token_for_scripts(tmp_path: Path) -> None:
+    done = bastion("token", "ada", "--data-dir", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert jwt.decode(done.stdout.strip(), options={"verify_signature": False})["email"] == "ada@localhost"
+
+
+def test_bastion_token_refuses_a_bad_user_name(tmp_path: Path) -> None:
+    done = bastion("token", "../x", "--data-dir", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 2
+    assert "letters, digits" in done.stderr
+
+
+def test_bastion_serve_says_when_the_port_is_in_use(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        started = time.monotonic()
+        done = bastion("serve", "--port", str(port), "--data-dir", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 2
+    assert f"Port {port} on 127.0.0.1 is in use" in done.stderr
+    assert f"--port {port + 1}" in done.stderr
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "postgres").exists()
+
+
+def test_bastion_serve_says_when_the_database_is_unreachable(tmp_path: Path) -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "bastion.cli", "migrate", "--data-dir", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "DATABASE_URL": f"postgresql://nobody@127.0.0.1:{port}/db"},
+    )
+    assert done.returncode == 2
+    assert "Cannot reach the database in DATABASE_URL" in done.stderr
+    assert "unset DATABASE_URL" in done.stderr
