@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from bastion.stores import PostgresStore, apply_migrations
+from bastion.stores import PostgresStore, SqliteStore, apply_migrations
 from tests.pg import PostgresCluster
 
 
@@ -47,4 +48,22 @@ async def store(migrated_database: MigratedDatabase) -> AsyncIterator[PostgresSt
         migrated_database.app_dsn, admin_conninfo=migrated_database.admin_dsn, max_size=8
     )
     async with store:
+        yield store
+
+
+@pytest.fixture
+async def postgres_store(migrated_database: MigratedDatabase) -> AsyncIterator[PostgresStore]:
+    """The Postgres store under its own name, for suites that run against every store."""
+    store = await PostgresStore.open(
+        migrated_database.app_dsn, admin_conninfo=migrated_database.admin_dsn, max_size=8
+    )
+    async with store:
+        yield store
+
+
+@pytest.fixture
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    """A migrated SQLite store on a fresh file."""
+    async with await SqliteStore.open(tmp_path / "bastion.sqlite3") as store:
+        await store.migrate()
         yield store

@@ -1,6 +1,7 @@
 """Stores implementing `bastion.persistence.AgentPersistence`, with an entity API over conversations.
 
-`PostgresStore` is the production store (row-level security in the database). The shapes in
+`PostgresStore` is the production store (row-level security in the database); `SqliteStore` keeps the
+same contract in one SQLite file for one process (rules in its queries). The shapes in
 `bastion.stores.entities` and the errors in `bastion.stores.errors` are shared by every store.
 """
 
@@ -31,6 +32,7 @@ from bastion.stores.errors import (
     TurnConflictError,
 )
 from bastion.stores.postgres import PostgresAgentPersistence, PostgresStore
+from bastion.stores.sqlite import SqliteAgentPersistence, SqliteStore
 
 __all__ = [
     "Conversation",
@@ -43,6 +45,8 @@ __all__ = [
     "PostgresStore",
     "Rating",
     "RunEvent",
+    "SqliteAgentPersistence",
+    "SqliteStore",
     "StoreError",
     "StoreIdentity",
     "StoredMessage",

@@ -9,18 +9,31 @@ tool inputs, outputs, error text or approval reasons.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
+
+from pydantic_core import to_jsonable_python
 
 from bastion.persistence import RunStatus
+from bastion.stores.entities import check_text
+from bastion.stores.errors import InvalidInputError, ToolOperationMismatchError, ToolOperationUncertainError
 
 __all__ = [
+    "MAX_TITLE",
     "HistoryWrites",
     "approval_request_events",
     "approval_response_events",
+    "browser_message_ids",
+    "canonical_json",
+    "check_response",
+    "check_title",
+    "json_value",
     "pending_approval_ids",
     "plan_history_writes",
+    "replayed_result",
+    "run_event",
     "run_status",
 ]
 
@@ -137,3 +150,59 @@ def _same(left: Any, right: Any) -> bool:
     if isinstance(left, list):
         return len(left) == len(right) and all(map(_same, left, right))
     return bool(left == right)
+
+
+# Checks and shapes shared by the stores.
+
+MAX_TITLE: Final = 500
+
+
+def canonical_json(value: Any) -> str:
+    """JSON text with sorted keys, so equal inputs compare equal as text (`1` and `1.0` differ)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def json_value(value: Any) -> Any:
+    """`value` as plain JSON that every store accepts (no NaN, no NUL), or `InvalidInputError`."""
+    try:
+        plain = to_jsonable_python(value)
+        text = json.dumps(plain, allow_nan=False)
+    except (TypeError, ValueError):
+        raise InvalidInputError() from None
+    if "\\u0000" in text:
+        raise InvalidInputError()
+    return plain
+
+
+def check_response(message: Any) -> None:
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        raise InvalidInputError()
+    check_text(message.get("id"))
+    if not isinstance(message.get("parts"), list) or json_value(message) != message:
+        raise InvalidInputError()
+
+
+def browser_message_ids(messages: Sequence[Any]) -> list[str]:
+    """The ids the browser names, to load the stored tail they cover; reconciliation checks the rest."""
+    if not isinstance(messages, list | tuple):
+        return []
+    ids = (message.get("id") for message in messages if isinstance(message, dict))
+    return [value for value in ids if isinstance(value, str) and 0 < len(value) <= 200 and "\0" not in value]
+
+
+def check_title(title: object) -> None:
+    if title is not None and (not isinstance(title, str) or len(title) > MAX_TITLE or "\x00" in title):
+        raise InvalidInputError()
+
+
+def run_event(run_id: str, status: str) -> dict[str, Any]:
+    return {"type": f"run.{status}", "data": {"runId": run_id, "status": status}}
+
+
+def replayed_result(result: dict[str, Any], name: str, tool_input: Any) -> Any:
+    """A call this process ran earlier in the same run, not yet recorded: the same rules as stored ones."""
+    if result["toolName"] != name or canonical_json(result["input"]) != canonical_json(tool_input):
+        raise ToolOperationMismatchError()
+    if result["status"] != "completed":
+        raise ToolOperationUncertainError()
+    return result["output"]

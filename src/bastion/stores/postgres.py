@@ -13,9 +13,8 @@ middle (reconciling a turn).
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from types import TracebackType
 from typing import Any, Final, Self, TypeAlias
@@ -25,7 +24,6 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
-from pydantic_core import to_jsonable_python
 
 from bastion.approvals import CanRespondToApproval
 from bastion.history import reconcile_agent_messages
@@ -41,8 +39,14 @@ from bastion.stores._migrations import apply_migrations
 from bastion.stores._turns import (
     approval_request_events,
     approval_response_events,
+    browser_message_ids,
+    check_response,
+    check_title,
+    json_value,
     pending_approval_ids,
     plan_history_writes,
+    replayed_result,
+    run_event,
     run_status,
 )
 from bastion.stores.entities import (
@@ -77,7 +81,6 @@ _SET_IDENTITY: Final = (
     "select set_config('role', 'authenticated', true), set_config('request.jwt.claims', %s, true)"
 )
 _CONVERSATION_COLUMNS: Final = "id::text, title, tenant_id, revision, created_at, updated_at"
-_MAX_TITLE: Final = 500
 _MAX_COMMENT: Final = 4000
 _RATINGS: Final = frozenset({"up", "down"})
 
@@ -182,7 +185,7 @@ class PostgresStore:
         self, identity: StoreIdentity, *, title: str | None = None, conversation_id: str | None = None
     ) -> Conversation:
         """A new conversation owned by `identity` (and its tenant); the owner is never an input."""
-        _check_title(title)
+        check_title(title)
         chosen = parse_uuid(conversation_id) if conversation_id is not None else None
         try:
             with _database_errors():
@@ -223,7 +226,7 @@ class PostgresStore:
     ) -> Conversation:
         """Rename a conversation: the only column a user may change."""
         conversation = parse_uuid(conversation_id)
-        _check_title(title)
+        check_title(title)
         with _database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(
@@ -365,7 +368,12 @@ class PostgresAgentPersistence(AgentPersistence[TurnContext, TurnState]):
             async with self._store.transaction(context.identity) as conn:
                 cursor = await conn.execute(
                     "select bastion.load_turn(%s, %s, %s, %s)",
-                    (context.conversation_id, context.request_id, _message_ids(input.messages), self._window),
+                    (
+                        context.conversation_id,
+                        context.request_id,
+                        browser_message_ids(input.messages),
+                        self._window,
+                    ),
                 )
                 loaded = _single(await cursor.fetchone())
                 if loaded is None:
@@ -377,7 +385,7 @@ class PostgresAgentPersistence(AgentPersistence[TurnContext, TurnState]):
                 tail = [(seq, message) for seq, message in loaded["messages"]]
                 history = await self._reconcile([message for _, message in tail], input, context)
                 plan = plan_history_writes(tail, history, last_seq=loaded["last_seq"])
-                events = [_run_event(run_id, "started"), *approval_response_events(tail, history)]
+                events = [run_event(run_id, "started"), *approval_response_events(tail, history)]
                 await conn.execute(
                     "select bastion.start_turn(%s, %s, %s, %s, %s, %s, %s, %s)",
                     (
@@ -402,12 +410,12 @@ class PostgresAgentPersistence(AgentPersistence[TurnContext, TurnState]):
     async def execute_tool(self, context: TurnContext, state: TurnState, operation: ToolOperation) -> Any:
         name = check_text(operation.name)
         call_id = check_text(operation.tool_call_id)
-        tool_input = _json_value(operation.input)
+        tool_input = json_value(operation.input)
         if call_id in state.running_tool_calls:
             raise ToolOperationConflictError()
         for result in state.unrecorded_results:
             if result["toolCallId"] == call_id:
-                return _replayed(result, name, tool_input)
+                return replayed_result(result, name, tool_input)
         results = list(state.unrecorded_results)
         state.running_tool_calls.add(call_id)
         claimed = False
@@ -446,11 +454,11 @@ class PostgresAgentPersistence(AgentPersistence[TurnContext, TurnState]):
     async def finish_run(self, context: TurnContext, state: TurnState, outcome: RunOutcome) -> None:
         message = outcome.response_message
         if message is not None:
-            _check_response(message)
+            check_response(message)
         status = run_status(outcome.status, message)
         events = [
             *approval_request_events(message, known=state.pending_approval_ids),
-            _run_event(state.run_id, status),
+            run_event(state.run_id, status),
         ]
         results = list(state.unrecorded_results)
         with _database_errors():
@@ -496,7 +504,7 @@ class PostgresAgentPersistence(AgentPersistence[TurnContext, TurnState]):
             state.running_tool_calls.discard(call_id)
         # A result that cannot be stored cannot be replayed: it stays recorded as failed, never rerun.
         with suppress(InvalidInputError):
-            record |= {"status": "completed", "output": _json_value(value)}
+            record |= {"status": "completed", "output": json_value(value)}
         state.unrecorded_results.append(record)
         return value
 
@@ -545,53 +553,5 @@ def _single(row: tuple[Any, ...] | None) -> Any:
     return row[0]
 
 
-def _check_title(title: object) -> None:
-    if title is not None and (not isinstance(title, str) or len(title) > _MAX_TITLE or "\x00" in title):
-        raise InvalidInputError()
-
-
-def _message_ids(messages: Sequence[Any]) -> list[str]:
-    """The ids the browser names, to load the stored tail they cover; reconciliation checks the rest."""
-    if not isinstance(messages, list | tuple):
-        return []
-    ids = (message.get("id") for message in messages if isinstance(message, dict))
-    return [value for value in ids if isinstance(value, str) and 0 < len(value) <= 200 and "\0" not in value]
-
-
-def _json_value(value: Any) -> Any:
-    """`value` as plain JSON that Postgres accepts (no NaN, no NUL), or `InvalidInputError`."""
-    try:
-        plain = to_jsonable_python(value)
-        text = json.dumps(plain, allow_nan=False)
-    except (TypeError, ValueError):
-        raise InvalidInputError() from None
-    if "\\u0000" in text:
-        raise InvalidInputError()
-    return plain
-
-
-def _check_response(message: Any) -> None:
-    if not isinstance(message, dict) or message.get("role") != "assistant":
-        raise InvalidInputError()
-    check_text(message.get("id"))
-    if not isinstance(message.get("parts"), list) or _json_value(message) != message:
-        raise InvalidInputError()
-
-
-def _run_event(run_id: str, status: str) -> dict[str, Any]:
-    return {"type": f"run.{status}", "data": {"runId": run_id, "status": status}}
-
-
 def _recordable(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{key: result[key] for key in ("toolCallId", "status", "output")} for result in results]
-
-
-def _replayed(result: dict[str, Any], name: str, tool_input: Any) -> Any:
-    """A call this process ran earlier in the same run, not yet recorded: the same rules as stored ones."""
-    if result["toolName"] != name or json.dumps(result["input"], sort_keys=True) != json.dumps(
-        tool_input, sort_keys=True
-    ):
-        raise ToolOperationMismatchError()
-    if result["status"] != "completed":
-        raise ToolOperationUncertainError()
-    return result["output"]

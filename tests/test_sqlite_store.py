@@ -1,0 +1,127 @@
+"""What only the SQLite store has: its own migrations, its file, its thread, and rules written into
+every statement (there is no row-level security to fall back on). The contract it shares with
+Postgres is tested in `test_store_conformance.py`."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bastion.persistence import RunInput, RunOutcome
+from bastion.stores import MigrationChangedError, SqliteStore, StoreIdentity, TurnContext
+from bastion.stores import sqlite as sqlite_module
+from bastion.stores.sqlite import available_sqlite_migrations
+
+
+def identity(tenant: str | None = None) -> StoreIdentity:
+    return StoreIdentity(user_id=str(uuid.uuid4()), tenant_id=tenant)
+
+
+def user_message(message_id: str) -> dict[str, object]:
+    return {"id": message_id, "role": "user", "parts": [{"type": "text", "text": "hello"}]}
+
+
+async def test_migrations_apply_once_each(tmp_path: Path) -> None:
+    versions = [migration.version for migration in available_sqlite_migrations()]
+    async with await SqliteStore.open(tmp_path / "db.sqlite3") as store:
+        assert await store.migrate() == versions
+        assert await store.migrate() == []
+
+
+async def test_a_migration_changed_after_it_was_applied_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite3"
+    async with await SqliteStore.open(path) as store:
+        await store.migrate()
+    with sqlite3.connect(path) as conn:
+        conn.execute("update bastion_migrations set checksum = 'x' where version = 1")
+    async with await SqliteStore.open(path) as store:
+        with pytest.raises(MigrationChangedError):
+            await store.migrate()
+
+
+async def test_a_failing_migration_leaves_the_database_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = [*available_sqlite_migrations()]
+    broken.append(type(broken[0])(99, "broken", "create table bastion_extra (x integer);\nselect nope;\n"))
+    monkeypatch.setattr(sqlite_module, "available_sqlite_migrations", lambda: broken)
+    path = tmp_path / "db.sqlite3"
+    async with await SqliteStore.open(path) as store:
+        with pytest.raises(sqlite3.OperationalError):
+            await store.migrate()
+    with sqlite3.connect(path) as conn:
+        tables = {row[0] for row in conn.execute("select name from sqlite_master where type = 'table'")}
+    assert not tables & {"bastion_conversations", "bastion_extra", "bastion_migrations"}
+
+
+async def test_conversations_survive_closing_and_reopening_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite3"
+    alice = identity("tenant-a")
+    async with await SqliteStore.open(path) as store:
+        await store.migrate()
+        conversation = await store.create_conversation(alice, title="kept")
+        persistence = store.persistence()
+        ctx = TurnContext(identity=alice, conversation_id=conversation.id, request_id="r1")
+        start = await persistence.start_run(
+            ctx, RunInput(messages=[user_message("u1")], trigger="submit-message")
+        )
+        await persistence.finish_run(ctx, start.state, RunOutcome(status="completed"))
+    async with await SqliteStore.open(path) as store:
+        assert [c.title for c in await store.list_conversations(alice)] == ["kept"]
+        assert [m.id for m in await store.list_messages(alice, conversation.id)] == ["u1"]
+
+
+async def test_an_in_memory_database_works_for_one_store(tmp_path: Path) -> None:
+    async with await SqliteStore.open(":memory:") as store:
+        await store.migrate()
+        alice = identity()
+        conversation = await store.create_conversation(alice)
+        assert (await store.get_conversation(alice, conversation.id)).id == conversation.id
+
+
+async def test_a_closed_store_refuses_further_calls(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "db.sqlite3")
+    await store.migrate()
+    await store.close()
+    await store.close()
+    with pytest.raises(RuntimeError):
+        await store.list_conversations(identity())
+
+
+def test_every_statement_filters_on_the_callers_owner_and_tenant() -> None:
+    statements = {
+        name: value
+        for name, value in vars(sqlite_module).items()
+        if name.isupper() and isinstance(value, str) and "bastion_" in value and name != "_MIGRATION_FILE"
+    }
+    assert len(statements) >= 25
+    for name, statement in statements.items():
+        assert ":owner" in statement and ":tenant" in statement, name
+
+
+async def test_the_schema_refuses_a_message_whose_owner_is_not_its_conversations(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite3"
+    alice = identity()
+    async with await SqliteStore.open(path) as store:
+        await store.migrate()
+        conversation = await store.create_conversation(alice)
+    with sqlite3.connect(path) as conn:
+        conn.execute("pragma foreign_keys = on")
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute(
+                "insert into bastion_messages (conversation_id, owner_id, seq, id, role, message, "
+                "created_at) values (?, ?, 1, 'm1', 'user', ?, 0)",
+                (conversation.id, str(uuid.uuid4()), '{"id":"m1","role":"user"}'),
+            )
+
+
+@pytest.mark.parametrize(
+    ("window", "lease"), [(0, 1.0), (True, 1.0), (1, -1.0), (1, 86_401.0)], ids=["0", "bool", "neg", "day"]
+)
+async def test_persistence_options_are_checked(tmp_path: Path, window: int, lease: float) -> None:
+    async with await SqliteStore.open(tmp_path / "db.sqlite3") as store:
+        with pytest.raises(ValueError):
+            store.persistence(history_window=window, lease_seconds=lease)

@@ -1,0 +1,970 @@
+"""One behaviour suite run against every store: the contract `bastion.stores` promises, whatever the
+database.
+
+Each test runs once on Postgres (the embedded server, as the application role under row-level
+security; tests isolate themselves with fresh user ids) and once on SQLite (a fresh file). What only
+Postgres can do, because the database itself enforces it (row-level security, roles and grants,
+refused direct writes, round trips, upgrade migrations), is tested in `test_postgres_store.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import pytest
+
+from bastion import AgentRun, Tool, define_agent, start_agent_run, tool
+from bastion._ui_assembly import UIMessageAssembler, to_client_json
+from bastion.approvals import AgentApprovalAuthorizationError
+from bastion.history import AgentHistoryConflictError
+from bastion.persistence import AgentRunInactiveError, RunInput, RunOutcome, RunStart, ToolOperation
+from bastion.stores import (
+    InvalidInputError,
+    NotFoundError,
+    PostgresAgentPersistence,
+    PostgresStore,
+    SqliteAgentPersistence,
+    SqliteStore,
+    StoreIdentity,
+    ToolOperationConflictError,
+    ToolOperationMismatchError,
+    ToolOperationUncertainError,
+    TurnConflictError,
+    TurnContext,
+    TurnState,
+)
+from tests.scripted import Call, ScriptedModel
+
+Store: TypeAlias = PostgresStore | SqliteStore
+Persistence: TypeAlias = PostgresAgentPersistence | SqliteAgentPersistence
+
+SUBMIT = "submit-message"
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def store(request: pytest.FixtureRequest) -> Store:
+    """Each store in turn (the conftest fixtures open them)."""
+    opened: Store = request.getfixturevalue(f"{request.param}_store")
+    return opened
+
+
+def identity(tenant: str | None = None) -> StoreIdentity:
+    return StoreIdentity(user_id=str(uuid.uuid4()), tenant_id=tenant)
+
+
+def user_message(message_id: str, text: str = "hello") -> dict[str, Any]:
+    return {"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+def assistant_message(message_id: str, text: str = "hi") -> dict[str, Any]:
+    return {"id": message_id, "role": "assistant", "parts": [{"type": "text", "text": text}]}
+
+
+def context(who: StoreIdentity, conversation_id: str, **options: Any) -> TurnContext:
+    return TurnContext(identity=who, conversation_id=conversation_id, request_id=str(uuid.uuid4()), **options)
+
+
+async def turn(
+    persistence: Persistence,
+    who: StoreIdentity,
+    conversation_id: str,
+    messages: list[Any],
+    *,
+    response: dict[str, Any] | None = None,
+    trigger: str = SUBMIT,
+) -> RunStart[TurnState]:
+    """A turn straight through the persistence callbacks, with a response chosen by the test."""
+    ctx = context(who, conversation_id)
+    start: RunStart[TurnState] = await persistence.start_run(
+        ctx, RunInput(messages=messages, trigger=trigger)
+    )
+    await persistence.finish_run(ctx, start.state, RunOutcome(status="completed", response_message=response))
+    return start
+
+
+async def stored(store: Store, who: StoreIdentity, conversation_id: str) -> list[dict[str, Any]]:
+    return [row.message for row in await store.list_messages(who, conversation_id)]
+
+
+async def event_types(store: Store, who: StoreIdentity, conversation_id: str) -> list[str]:
+    return [event.type for event in await store.list_events(who, conversation_id)]
+
+
+# A real agent turn: start_agent_run, define_agent with a scripted model, every tool call through
+# run.execute_tool, the response assembled from the stream as the browser does, then run.finish.
+
+
+class Tools:
+    """The tools of the test agent; records every side effect."""
+
+    def __init__(self) -> None:
+        self.executed: list[str] = []
+
+    def build(self, who: StoreIdentity) -> list[Tool]:
+        @tool
+        async def lookup(q: str) -> dict[str, str]:
+            """Look a word up."""
+            self.executed.append(f"lookup:{q}")
+            return {"q": q, "owner": who.user_id}
+
+        @tool(needs_approval=True)
+        async def delete_file(path: str) -> str:
+            """Delete a file."""
+            self.executed.append(f"delete:{path}")
+            return "deleted"
+
+        return [lookup, delete_file]
+
+
+async def agent_turn(
+    store: Store,
+    who: StoreIdentity,
+    conversation_id: str,
+    messages: list[Any],
+    model: ScriptedModel,
+    tools: Tools,
+    *,
+    persistence: Persistence | None = None,
+) -> tuple[AgentRun[TurnContext, TurnState], dict[str, Any]]:
+    run = await start_agent_run(
+        persistence=persistence or store.persistence(),
+        context=context(who, conversation_id),
+        messages=messages,
+        trigger=SUBMIT,
+    )
+    agent = define_agent(name="conformance", instructions="Be brief.", tools=tools.build)
+    session = await agent.prepare(context=who, execute_tool=run.execute_tool)
+    result = await session.stream(model=model, messages=run.messages)
+    last = run.messages[-1]
+    continued = copy.deepcopy(last) if last["role"] == "assistant" else None
+    assembler = UIMessageAssembler(continued or {"id": f"a-{uuid.uuid4()}", "role": "assistant", "parts": []})
+    async for chunk in result:
+        assembler.apply(to_client_json(chunk)[1])
+    response = assembler.assembled_message()
+    await run.finish(response_message=response, status="completed")
+    return run, response
+
+
+def tool_part(message: dict[str, Any], name: str) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [part for part in message["parts"] if part.get("type") == f"tool-{name}"]
+    [part] = parts
+    return part
+
+
+# Conversations: the entity API, scoped by user and tenant
+
+
+async def test_a_user_sees_only_their_own_conversations(store: Store) -> None:
+    alice, bob = identity(), identity()
+    mine = await store.create_conversation(alice, title="plans")
+    assert [c.id for c in await store.list_conversations(alice)] == [mine.id]
+    assert await store.list_conversations(bob) == []
+
+
+async def test_conversations_are_listed_most_recently_active_first(store: Store) -> None:
+    alice = identity()
+    older = await store.create_conversation(alice, title="older")
+    newer = await store.create_conversation(alice, title="newer")
+    assert [c.id for c in await store.list_conversations(alice)] == [newer.id, older.id]
+    await store.update_conversation(alice, older.id, title="renamed")
+    assert [c.id for c in await store.list_conversations(alice)] == [older.id, newer.id]
+    assert [c.id for c in await store.list_conversations(alice, limit=1)] == [older.id]
+
+
+async def test_a_new_conversation_takes_its_tenant_from_the_identity(store: Store) -> None:
+    conversation = await store.create_conversation(identity("tenant-a"), title="t")
+    assert (conversation.tenant_id, conversation.title, conversation.revision) == ("tenant-a", "t", 0)
+    assert conversation.created_at.tzinfo is not None
+
+
+async def test_a_tenant_sees_only_that_tenants_conversations(store: Store) -> None:
+    in_a = identity("tenant-a")
+    same_user_in_b = StoreIdentity(user_id=in_a.user_id, tenant_id="tenant-b")
+    same_user_without_tenant = StoreIdentity(user_id=in_a.user_id)
+    conversation = await store.create_conversation(in_a)
+    assert await store.list_conversations(same_user_in_b) == []
+    assert await store.list_conversations(same_user_without_tenant) == []
+    with pytest.raises(NotFoundError):
+        await store.get_conversation(same_user_in_b, conversation.id)
+    assert [c.id for c in await store.list_conversations(in_a)] == [conversation.id]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s, who, cid: s.get_conversation(who, cid),
+        lambda s, who, cid: s.update_conversation(who, cid, title="stolen"),
+        lambda s, who, cid: s.delete_conversation(who, cid),
+        lambda s, who, cid: s.list_messages(who, cid),
+        lambda s, who, cid: s.list_events(who, cid),
+        lambda s, who, cid: s.add_feedback(who, cid, "u1", rating="down"),
+        lambda s, who, cid: s.persistence().start_run(
+            context(who, cid), RunInput(messages=[user_message("u2")], trigger=SUBMIT)
+        ),
+    ],
+    ids=["get", "update", "delete", "messages", "events", "feedback", "start_run"],
+)
+async def test_a_foreign_conversation_is_not_found_exactly_like_a_missing_one(
+    store: Store, call: Callable[[Store, StoreIdentity, str], Any]
+) -> None:
+    alice, bob = identity(), identity()
+    conversation = await store.create_conversation(alice, title="mine")
+    await turn(store.persistence(), alice, conversation.id, [user_message("u1")])
+    with pytest.raises(NotFoundError) as foreign:
+        await call(store, bob, conversation.id)
+    with pytest.raises(NotFoundError) as missing:
+        await call(store, bob, str(uuid.uuid4()))
+    assert (foreign.value.code, str(foreign.value)) == (missing.value.code, str(missing.value))
+    assert (await store.get_conversation(alice, conversation.id)).title == "mine"
+    assert [m["id"] for m in await stored(store, alice, conversation.id)] == ["u1"]
+
+
+async def test_conversations_are_renamed_and_deleted_by_their_owner(store: Store) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice, title="old")
+    await turn(
+        store.persistence(), alice, conversation.id, [user_message("u1")], response=assistant_message("a1")
+    )
+    assert (await store.update_conversation(alice, conversation.id, title="new")).title == "new"
+    assert (await store.get_conversation(alice, conversation.id)).title == "new"
+    await store.delete_conversation(alice, conversation.id)
+    with pytest.raises(NotFoundError):
+        await store.get_conversation(alice, conversation.id)
+    with pytest.raises(NotFoundError):
+        await store.list_messages(alice, conversation.id)
+    with pytest.raises(NotFoundError):
+        await store.delete_conversation(alice, conversation.id)
+
+
+async def test_a_conversation_id_already_taken_by_anyone_is_refused(store: Store) -> None:
+    taken = await store.create_conversation(identity())
+    with pytest.raises(InvalidInputError):
+        await store.create_conversation(identity(), conversation_id=taken.id)
+    chosen = str(uuid.uuid4())
+    assert (await store.create_conversation(identity(), conversation_id=chosen)).id == chosen
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s, who: s.get_conversation(who, "not-a-uuid"),
+        lambda s, who: s.get_conversation(who, "1" * 36),
+        lambda s, who: s.delete_conversation(who, str(uuid.uuid4()).upper() + "x"),
+        lambda s, who: s.list_events(who, str(uuid.uuid4()), after=-1),
+        lambda s, who: s.list_events(who, str(uuid.uuid4()), after=2**63),
+        lambda s, who: s.list_events(who, str(uuid.uuid4()), after="10"),
+        lambda s, who: s.list_events(who, str(uuid.uuid4()), after=True),
+        lambda s, who: s.list_messages(who, str(uuid.uuid4()), limit=0),
+        lambda s, who: s.list_conversations(who, limit=1001),
+        lambda s, who: s.add_feedback(who, str(uuid.uuid4()), "a\x00", rating="up"),
+        lambda s, who: s.add_feedback(who, str(uuid.uuid4()), "a1", rating="meh"),
+        lambda s, who: s.update_conversation(who, str(uuid.uuid4()), title="x" * 501),
+        lambda s, who: s.create_conversation(who, conversation_id="{" + str(uuid.uuid4())[1:]),
+        lambda s, who: s.persistence().start_run(
+            TurnContext(identity=who, conversation_id="nope", request_id="r"),
+            RunInput(messages=[], trigger=SUBMIT),
+        ),
+    ],
+)
+async def test_malformed_ids_cursors_and_fields_are_invalid_input(
+    store: Store, call: Callable[[Store, StoreIdentity], Any]
+) -> None:
+    with pytest.raises(InvalidInputError) as refused:
+        await call(store, identity())
+    assert refused.value.code == "invalid_input"
+
+
+# Messages and feedback
+
+
+async def test_messages_are_listed_in_order_from_a_position(store: Store) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    persistence = store.persistence()
+    await turn(persistence, alice, conversation.id, [user_message("u1")], response=assistant_message("a1"))
+    await turn(persistence, alice, conversation.id, [user_message("u2")], response=assistant_message("a2"))
+    rows = await store.list_messages(alice, conversation.id)
+    assert [(m.seq, m.id, m.role) for m in rows] == [
+        (1, "u1", "user"),
+        (2, "a1", "assistant"),
+        (3, "u2", "user"),
+        (4, "a2", "assistant"),
+    ]
+    assert [m.id for m in await store.list_messages(alice, conversation.id, after_seq=2, limit=1)] == ["u2"]
+    assert await store.list_messages(alice, (await store.create_conversation(alice)).id) == []
+
+
+async def test_feedback_rates_the_callers_own_messages_and_is_replaced(store: Store) -> None:
+    alice, bob = identity(), identity()
+    conversation = await store.create_conversation(alice)
+    await turn(
+        store.persistence(), alice, conversation.id, [user_message("u1")], response=assistant_message("a1")
+    )
+    await store.add_feedback(alice, conversation.id, "a1", rating="down")
+    feedback = await store.add_feedback(alice, conversation.id, "a1", rating="up", comment="better")
+    assert (feedback.conversation_id, feedback.message_id, feedback.rating, feedback.comment) == (
+        conversation.id,
+        "a1",
+        "up",
+        "better",
+    )
+    with pytest.raises(NotFoundError):
+        await store.add_feedback(bob, conversation.id, "a1", rating="down")
+    with pytest.raises(NotFoundError):
+        await store.add_feedback(alice, conversation.id, "missing", rating="down")
+
+
+# Turns through start_agent_run and a real agent
+
+
+async def test_an_agent_turn_stores_the_user_message_the_response_and_its_events(store: Store) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    tools = Tools()
+    model = ScriptedModel([Call("lookup", {"q": "owl"}, "call-1")], ["Found it."])
+    run, response = await agent_turn(store, alice, conversation.id, [user_message("u1")], model, tools)
+    assert run.messages == [user_message("u1")]
+    assert tools.executed == ["lookup:owl"]
+    assert tool_part(response, "lookup")["state"] == "output-available"
+    assert await stored(store, alice, conversation.id) == [user_message("u1"), response]
+    events = await store.list_events(alice, conversation.id)
+    assert [e.type for e in events] == ["run.started", "tool.started", "tool.completed", "run.completed"]
+    assert {e.run_id for e in events} == {run.state.run_id}
+    assert events[1].data == {"toolCallId": "call-1", "toolName": "lookup"}
+    assert (await store.get_conversation(alice, conversation.id)).revision == 2
+
+
+async def test_the_next_turn_runs_on_the_stored_history_when_the_browser_sends_only_its_message(
+    store: Store,
+) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    tools = Tools()
+    _, first = await agent_turn(
+        store, alice, conversation.id, [user_message("u1")], ScriptedModel(["One."]), tools
+    )
+    model = ScriptedModel(["Two."])
+    run, _ = await agent_turn(store, alice, conversation.id, [user_message("u2")], model, tools)
+    assert run.messages == [user_message("u1"), first, user_message("u2")]
+    assert "One." in repr(model.requests[0].messages)
+    assert [m["id"] for m in await stored(store, alice, conversation.id)][:3] == ["u1", first["id"], "u2"]
+
+
+async def test_of_simultaneous_turns_on_one_conversation_exactly_one_proceeds(store: Store) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    persistence = store.persistence()
+    starts = await asyncio.gather(
+        *(
+            persistence.start_run(
+                context(alice, conversation.id), RunInput(messages=[user_message(f"u{i}")], trigger=SUBMIT)
+            )
+            for i in range(6)
+        ),
+        return_exceptions=True,
+    )
+    assert sum(isinstance(result, RunStart) for result in starts) == 1
+    assert all(isinstance(result, RunStart | TurnConflictError) for result in starts)
+    assert len(await stored(store, alice, conversation.id)) == 1
+    assert await event_types(store, alice, conversation.id) == ["run.started"]
+
+
+async def test_a_turn_is_refused_while_another_holds_the_conversation(store: Store) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    persistence = store.persistence()
+    ctx = context(alice, conversation.id)
+    first = await persistence.start_run(ctx, RunInput(messages=[user_message("u1")], trigger=SUBMIT))
+    with pytest.raises(TurnConflictError):
+        await persistence.start_run(
+            context(alice, conversation.id), RunInput(messages=[user_message("u1")], trigger=SUBMIT)
+        )
+    await persistence.finish_run(ctx, first.state, RunOutcome(status="completed"))
+    await turn(persistence, alice, conversation.id, [user_message("u2")])
+
+
+async def test_a_stale_revision_is_a_conflict(store: Store) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    persistence = store.persistence()
+    await turn(persistence, alice, conversation.id, [user_message("u1")], response=assistant_message("a1"))
+    stale = context(alice, conversation.id, expected_revision=1)
+    with pytest.raises(TurnConflictError) as conflict:
+        await persistence.start_run(stale, RunInput(messages=[user_message("u2")], trigger=SUBMIT))
+    assert conflict.value.code == "turn_conflict"
+    current = context(alice, conversation.id, expected_revision=2)
+    await persistence.start_run(current, RunInput(messages=[user_message("u2")], trigger=SUBMIT))
+
+
+async def test_a_repeated_request_id_is_a_conflict(store: Store) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    persistence = store.persistence()
+    ctx = context(alice, conversation.id)
+    start = await persistence.start_run(ctx, RunInput(messages=[user_message("u1")], trigger=SUBMIT))
+    await persistence.finish_run(ctx, start.state, RunOutcome(status="completed"))
+    with pytest.raises(TurnConflictError):
+        await persistence.start_run(ctx, RunInput(messages=[user_message("u2")], trigger=SUBMIT))
+
+
+async def test_an_expired_run_is_replaced_recorded_as_interrupted_and_its_late_finish_ignored(
+    store: Store,
+) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    expiring = store.persistence(lease_seconds=0)
+    first_context = context(alice, conversation.id)
+    first = await expiring.start_run(first_context, RunInput(messages=[user_message("u1")], trigger=SUBMIT))
+    replacement = await turn(
+        store.persistence(), alice, conversation.id, [user_message("u1")], response=assistant_message("a2")
+    )
+    await expiring.finish_run(
+        first_context, first.state, RunOutcome(status="completed", response_message=assistant_message("late"))
+    )
+    assert [m["id"] for m in await stored(store, alice, conversation.id)] == ["u1", "a2"]
+    events = await store.list_events(alice, conversation.id)
+    assert [(e.type, e.run_id) for e in events if e.type != "run.started"] == [
+        ("run.interrupted", first.state.run_id),
+        ("run.completed", replacement.state.run_id),
+    ]
+
+
+async def test_finishing_twice_saves_once(store: Store) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    persistence = store.persistence()
+    ctx = context(alice, conversation.id)
+    start = await persistence.start_run(ctx, RunInput(messages=[user_message("u1")], trigger=SUBMIT))
+    outcome = RunOutcome(status="completed", response_message=assistant_message("a1"))
+    await persistence.finish_run(ctx, start.state, outcome)
+    await persistence.finish_run(ctx, start.state, RunOutcome(status="failed"))
+    assert [m["id"] for m in await stored(store, alice, conversation.id)] == ["u1", "a1"]
+    assert await event_types(store, alice, conversation.id) == ["run.started", "run.completed"]
+
+
+async def test_a_response_that_is_not_an_assistant_message_is_refused(store: Store) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    persistence = store.persistence()
+    ctx = context(alice, conversation.id)
+    start = await persistence.start_run(ctx, RunInput(messages=[user_message("u1")], trigger=SUBMIT))
+    with pytest.raises(InvalidInputError):
+        await persistence.finish_run(
+            ctx, start.state, RunOutcome(status="completed", response_message=user_message("u9"))
+        )
+    assert [m["id"] for m in await stored(store, alice, conversation.id)] == ["u1"]
+
+
+async def test_a_response_reusing_an_earlier_message_id_is_a_conflict_and_nothing_is_saved(
+    store: Store,
+) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    persistence = store.persistence()
+    await turn(persistence, alice, conversation.id, [user_message("u1")], response=assistant_message("a1"))
+    ctx = context(alice, conversation.id)
+    start = await persistence.start_run(ctx, RunInput(messages=[user_message("u2")], trigger=SUBMIT))
+    events = await store.list_events(alice, conversation.id)
+    with pytest.raises(TurnConflictError):
+        await persistence.finish_run(
+            ctx, start.state, RunOutcome(status="completed", response_message=assistant_message("a1", "x"))
+        )
+    assert await stored(store, alice, conversation.id) == [
+        user_message("u1"),
+        assistant_message("a1"),
+        user_message("u2"),
+    ]
+    assert await store.list_events(alice, conversation.id) == events
+    await persistence.finish_run(ctx, start.state, RunOutcome(status="failed"))
+    assert (await store.list_events(alice, conversation.id))[-1].type == "run.failed"
+
+
+# Exactly-once tool operations
+
+
+def _returns(value: Any, calls: list[int] | None = None) -> Callable[[], Any]:
+    async def execute() -> Any:
+        if calls is not None:
+            calls.append(1)
+        return value
+
+    return execute
+
+
+async def started(store: Store, who: StoreIdentity) -> tuple[Persistence, TurnContext, TurnState]:
+    conversation = await store.create_conversation(who)
+    persistence = store.persistence()
+    ctx = context(who, conversation.id)
+    start = await persistence.start_run(ctx, RunInput(messages=[user_message("u1")], trigger=SUBMIT))
+    return persistence, ctx, start.state
+
+
+def op(
+    execute: Callable[[], Any], *, call: str = "call-1", name: str = "send_email", input: Any = None
+) -> ToolOperation:
+    return ToolOperation(
+        name=name, tool_call_id=call, input=input or {"to": "x@example.com"}, execute=execute
+    )
+
+
+def another_worker(state: TurnState) -> TurnState:
+    """The same run as seen by another process: nothing held in memory."""
+    return TurnState(conversation_id=state.conversation_id, run_id=state.run_id, revision=state.revision)
+
+
+async def test_a_tool_call_runs_once_and_a_retry_returns_the_stored_result(store: Store) -> None:
+    alice = identity()
+    persistence, ctx, state = await started(store, alice)
+    calls: list[int] = []
+    assert await persistence.execute_tool(ctx, state, op(_returns({"sent": 1}, calls))) == {"sent": 1}
+    assert await persistence.execute_tool(ctx, state, op(_returns({"sent": 2}, calls))) == {"sent": 1}
+    await persistence.finish_run(ctx, state, RunOutcome(status="completed"))
+    next_context = context(alice, state.conversation_id)
+    next_start = await persistence.start_run(
+        next_context, RunInput(messages=[user_message("u2")], trigger=SUBMIT)
+    )
+    result = await persistence.execute_tool(next_context, next_start.state, op(_returns({"sent": 3}, calls)))
+    assert result == {"sent": 1}
+    assert calls == [1]
+
+
+async def test_an_agent_replaying_a_stored_tool_call_gets_the_stored_result_without_running_it(
+    store: Store,
+) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    tools = Tools()
+    script = [Call("lookup", {"q": "owl"}, "call-1")], ["Done."]
+    await agent_turn(store, alice, conversation.id, [user_message("u1")], ScriptedModel(*script), tools)
+    _, replayed = await agent_turn(
+        store, alice, conversation.id, [user_message("u2")], ScriptedModel(*script), tools
+    )
+    assert tools.executed == ["lookup:owl"]
+    assert tool_part(replayed, "lookup")["output"] == {"q": "owl", "owner": alice.user_id}
+
+
+async def test_a_concurrent_retry_while_in_flight_is_a_conflict(store: Store) -> None:
+    alice = identity()
+    persistence, ctx, state = await started(store, alice)
+    claimed, release = asyncio.Event(), asyncio.Event()
+
+    async def slow() -> str:
+        claimed.set()
+        await release.wait()
+        return "done"
+
+    first = asyncio.create_task(persistence.execute_tool(ctx, state, op(slow)))
+    await claimed.wait()
+    with pytest.raises(ToolOperationConflictError):
+        await persistence.execute_tool(ctx, state, op(_returns("again")))
+    with pytest.raises(ToolOperationConflictError) as conflict:
+        await persistence.execute_tool(ctx, another_worker(state), op(_returns("again")))
+    assert conflict.value.code == "operation_in_progress"
+    release.set()
+    assert await first == "done"
+
+
+async def test_a_retry_with_changed_input_or_name_is_refused(store: Store) -> None:
+    alice = identity()
+    persistence, ctx, state = await started(store, alice)
+    await persistence.execute_tool(ctx, state, op(_returns("ok")))
+    with pytest.raises(ToolOperationMismatchError):
+        await persistence.execute_tool(ctx, state, op(_returns("ok"), input={"to": "y@example.com"}))
+    await persistence.execute_tool(ctx, state, op(_returns("ok"), call="call-2"))  # records call-1's result
+    with pytest.raises(ToolOperationMismatchError) as mismatch:
+        await persistence.execute_tool(ctx, another_worker(state), op(_returns("ok"), input={"to": "y"}))
+    assert mismatch.value.code == "operation_mismatch"
+    with pytest.raises(ToolOperationMismatchError):
+        await persistence.execute_tool(ctx, state, op(_returns("ok"), call="call-2", name="delete_file"))
+
+
+async def test_a_failed_tool_call_is_uncertain_and_never_replayed(store: Store) -> None:
+    alice = identity()
+    persistence, ctx, state = await started(store, alice)
+    calls: list[int] = []
+
+    async def fails() -> None:
+        raise RuntimeError("smtp password rejected")
+
+    with pytest.raises(RuntimeError):
+        await persistence.execute_tool(ctx, state, op(fails))
+    with pytest.raises(ToolOperationUncertainError):
+        await persistence.execute_tool(ctx, state, op(_returns("ok", calls)))
+    await persistence.finish_run(ctx, state, RunOutcome(status="failed"))
+    next_context = context(alice, state.conversation_id)
+    next_start = await persistence.start_run(
+        next_context, RunInput(messages=[user_message("u2")], trigger=SUBMIT)
+    )
+    with pytest.raises(ToolOperationUncertainError) as uncertain:
+        await persistence.execute_tool(next_context, next_start.state, op(_returns("ok", calls)))
+    assert uncertain.value.code == "operation_uncertain"
+    assert calls == []
+    assert "tool.failed" in await event_types(store, alice, state.conversation_id)
+
+
+async def test_a_call_left_in_flight_by_an_interrupted_run_is_uncertain(store: Store) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    expiring = store.persistence(lease_seconds=0)
+    ctx = context(alice, conversation.id)
+    first = await expiring.start_run(ctx, RunInput(messages=[user_message("u1")], trigger=SUBMIT))
+    crashed = asyncio.Event()
+
+    async def never_returns() -> None:
+        crashed.set()
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(expiring.execute_tool(ctx, first.state, op(never_returns)))
+    await crashed.wait()
+    task.cancel()  # the worker died mid-call: its result is never recorded
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    persistence = store.persistence()
+    next_context = context(alice, conversation.id)
+    next_start = await persistence.start_run(
+        next_context, RunInput(messages=[user_message("u1")], trigger=SUBMIT)
+    )
+    with pytest.raises(ToolOperationUncertainError):
+        await persistence.execute_tool(next_context, next_start.state, op(_returns("again")))
+
+
+async def test_a_tool_call_after_the_run_finished_is_refused(store: Store) -> None:
+    alice = identity()
+    persistence, ctx, state = await started(store, alice)
+    await persistence.finish_run(ctx, state, RunOutcome(status="completed"))
+    with pytest.raises(AgentRunInactiveError):
+        await persistence.execute_tool(ctx, state, op(_returns("ok")))
+    with pytest.raises(AgentRunInactiveError):
+        await persistence.execute_tool(ctx, another_worker(state), op(_returns("ok"), call="call-9"))
+
+
+async def test_another_user_gets_not_found_for_a_tool_operation(store: Store) -> None:
+    alice, bob = identity(), identity()
+    persistence, _, state = await started(store, alice)
+    with pytest.raises(NotFoundError):
+        await persistence.execute_tool(context(bob, state.conversation_id), state, op(_returns("ok")))
+
+
+# Approvals
+
+
+async def approval_pending(
+    store: Store, who: StoreIdentity, tools: Tools
+) -> tuple[str, list[dict[str, Any]]]:
+    """A conversation whose latest message, from a real agent turn, asks to approve `delete_file`."""
+    conversation = await store.create_conversation(who)
+    model = ScriptedModel([Call("delete_file", {"path": "/srv/secret-path"}, "call-1")])
+    await agent_turn(store, who, conversation.id, [user_message("u1")], model, tools)
+    return conversation.id, await stored(store, who, conversation.id)
+
+
+def answered(message: dict[str, Any], *, approved: bool = True, reason: str | None = None) -> dict[str, Any]:
+    result = copy.deepcopy(message)
+    part = tool_part(result, "delete_file")
+    part["state"] = "approval-responded"
+    part["approval"] = {"id": part["approval"]["id"], "approved": approved}
+    if reason is not None:
+        part["approval"]["reason"] = reason
+    return result
+
+
+async def test_an_approval_round_trip_runs_the_approved_call_once_and_continues_the_message(
+    store: Store,
+) -> None:
+    alice = identity()
+    tools = Tools()
+    conversation_id, history = await approval_pending(store, alice, tools)
+    part = tool_part(history[-1], "delete_file")
+    assert part["state"] == "approval-requested"
+    assert tools.executed == []
+    assert await event_types(store, alice, conversation_id) == [
+        "run.started",
+        "approval.requested",
+        "run.waiting_for_approval",
+    ]
+    answer = answered(history[-1], reason="my secret reason")
+    run, response = await agent_turn(
+        store, alice, conversation_id, [history[0], answer], ScriptedModel(["Deleted."]), tools
+    )
+    assert tools.executed == ["delete:/srv/secret-path"]
+    assert run.messages[-1]["id"] == response["id"] == history[-1]["id"]
+    assert tool_part(response, "delete_file")["state"] == "output-available"
+    assert await stored(store, alice, conversation_id) == [history[0], response]
+    events = await store.list_events(alice, conversation_id)
+    assert [e.type for e in events][3:] == [
+        "run.started",
+        "approval.responded",
+        "tool.started",
+        "tool.completed",
+        "run.completed",
+    ]
+    assert events[4].data == {
+        "toolCallId": "call-1",
+        "toolName": "delete_file",
+        "approvalId": part["approval"]["id"],
+        "approved": True,
+    }
+    dumped = json.dumps([event.data for event in events])
+    assert "secret-path" not in dumped
+    assert "my secret reason" not in dumped
+
+
+async def test_a_denied_approval_never_runs_the_call(store: Store) -> None:
+    alice = identity()
+    tools = Tools()
+    conversation_id, history = await approval_pending(store, alice, tools)
+    answer = answered(history[-1], approved=False, reason="no")
+    _, response = await agent_turn(
+        store, alice, conversation_id, [history[0], answer], ScriptedModel(["Kept."]), tools
+    )
+    assert tools.executed == []
+    assert tool_part(response, "delete_file")["state"] == "output-denied"
+    assert "tool.started" not in await event_types(store, alice, conversation_id)
+
+
+def _forgeries() -> list[tuple[str, Callable[[list[dict[str, Any]]], tuple[list[Any], str]]]]:
+    """Browser windows that try to forge an approval; the full list runs in test_postgres_store.py."""
+
+    def part_edit(edit: Callable[[dict[str, Any]], None]) -> Callable[..., tuple[list[Any], str]]:
+        def build(history: list[dict[str, Any]]) -> tuple[list[Any], str]:
+            message = answered(history[-1])
+            edit(tool_part(message, "delete_file"))
+            return [history[0], message], SUBMIT
+
+        return build
+
+    def window(
+        build: Callable[..., list[Any]], trigger: str = SUBMIT
+    ) -> Callable[..., tuple[list[Any], str]]:
+        return lambda history: (build(history, answered(history[-1])), trigger)
+
+    return [
+        ("changed input", part_edit(lambda p: p["input"].update(path="/etc/passwd"))),
+        ("input number as float", part_edit(lambda p: p["input"].update(path=1.0))),
+        ("changed call id", part_edit(lambda p: p.update(toolCallId="call-2"))),
+        ("changed tool name", part_edit(lambda p: p.update(type="tool-lookup"))),
+        ("changed approval id", part_edit(lambda p: p["approval"].update(id="approval-2"))),
+        ("approved as text", part_edit(lambda p: p["approval"].update(approved="yes"))),
+        ("jump to output", part_edit(lambda p: p.update(state="output-available", output="deleted"))),
+        ("invented assistant", window(lambda h, a: [h[0], assistant_message("x"), a])),
+        ("approval with regenerate", window(lambda h, a: [h[0], a], "regenerate-message")),
+        ("approval then new user message", window(lambda h, a: [h[0], a, user_message("u2")])),
+    ]
+
+
+FORGERIES = _forgeries()
+
+
+@pytest.mark.parametrize("build", [build for _, build in FORGERIES], ids=[name for name, _ in FORGERIES])
+async def test_a_forged_approval_is_refused_and_nothing_is_written(
+    store: Store, build: Callable[[list[dict[str, Any]]], tuple[list[Any], str]]
+) -> None:
+    alice = identity()
+    tools = Tools()
+    conversation_id, history = await approval_pending(store, alice, tools)
+
+    async def snapshot() -> tuple[Any, ...]:
+        return (
+            await stored(store, alice, conversation_id),
+            await store.list_events(alice, conversation_id),
+            await store.get_conversation(alice, conversation_id),
+        )
+
+    before = await snapshot()
+    messages, trigger = build(copy.deepcopy(history))
+    with pytest.raises(AgentHistoryConflictError):
+        await start_agent_run(
+            persistence=store.persistence(),
+            context=context(alice, conversation_id),
+            messages=messages,
+            trigger=trigger,
+        )
+    assert await snapshot() == before
+    assert tools.executed == []
+
+
+async def test_an_approval_the_policy_refuses_is_refused_and_nothing_is_written(store: Store) -> None:
+    alice = identity()
+    conversation_id, history = await approval_pending(store, alice, Tools())
+    seen: list[tuple[str, str, Any]] = []
+
+    def policy(ctx: TurnContext, decision: Any) -> bool:
+        seen.append((ctx.identity.user_id, decision.tool_name, decision.input))
+        return False
+
+    before = await store.list_events(alice, conversation_id)
+    with pytest.raises(AgentApprovalAuthorizationError):
+        await store.persistence(can_respond_to_approval=policy).start_run(
+            context(alice, conversation_id),
+            RunInput(messages=[history[0], answered(history[-1])], trigger=SUBMIT),
+        )
+    assert seen == [(alice.user_id, "delete_file", {"path": "/srv/secret-path"})]
+    assert await stored(store, alice, conversation_id) == history
+    assert await store.list_events(alice, conversation_id) == before
+
+
+async def test_of_two_answers_to_one_approval_racing_exactly_one_proceeds(store: Store) -> None:
+    alice = identity()
+    conversation_id, history = await approval_pending(store, alice, Tools())
+    deciding, decide = asyncio.Event(), asyncio.Event()
+
+    async def slow_policy(ctx: TurnContext, decision: Any) -> bool:
+        deciding.set()
+        await decide.wait()
+        return True
+
+    slow = asyncio.create_task(
+        store.persistence(can_respond_to_approval=slow_policy).start_run(
+            context(alice, conversation_id),
+            RunInput(messages=[history[0], answered(history[-1])], trigger=SUBMIT),
+        )
+    )
+    await deciding.wait()
+    try:
+        fast: RunStart[TurnState] | TurnConflictError = await turn(
+            store.persistence(), alice, conversation_id, [history[0], answered(history[-1], approved=False)]
+        )
+    except TurnConflictError as conflict:
+        fast = conflict
+    decide.set()
+    outcomes = [fast, *await asyncio.gather(slow, return_exceptions=True)]
+    assert sorted(type(outcome).__name__ for outcome in outcomes) == ["RunStart", "TurnConflictError"]
+    responded = [e for e in await store.list_events(alice, conversation_id) if e.type == "approval.responded"]
+    assert len(responded) == 1
+
+
+# Events
+
+
+async def test_events_are_ordered_replayed_after_a_cursor_and_shown_to_their_owner_only(store: Store) -> None:
+    alice, bob = identity(), identity()
+    conversation = await store.create_conversation(alice)
+    persistence = store.persistence()
+    await turn(persistence, alice, conversation.id, [user_message("u1")], response=assistant_message("a1"))
+    first = await store.list_events(alice, conversation.id)
+    await turn(persistence, alice, conversation.id, [user_message("u2")], response=assistant_message("a2"))
+    everything = await store.list_events(alice, conversation.id)
+    assert [e.id for e in everything] == sorted({e.id for e in everything})
+    assert everything[:2] == first
+    later = await store.list_events(alice, conversation.id, after=first[-1].id)
+    assert [e.type for e in later] == ["run.started", "run.completed"]
+    assert later == everything[2:]
+    assert await store.list_events(alice, conversation.id, after=first[0].id, limit=1) == [first[1]]
+    assert await store.list_events(alice, conversation.id, after=everything[-1].id) == []
+    with pytest.raises(NotFoundError):
+        await store.list_events(bob, conversation.id)
+
+
+async def test_events_hold_no_tool_inputs_outputs_or_error_text(store: Store) -> None:
+    alice = identity()
+    persistence, ctx, state = await started(store, alice)
+
+    async def fails() -> None:
+        raise RuntimeError("internal error text")
+
+    await persistence.execute_tool(
+        ctx, state, op(_returns({"secret": "tool output"}), input={"to": "hidden"})
+    )
+    with pytest.raises(RuntimeError):
+        await persistence.execute_tool(ctx, state, op(fails, call="call-2"))
+    await persistence.finish_run(ctx, state, RunOutcome(status="failed"))
+    events = await store.list_events(alice, state.conversation_id)
+    assert [e.type for e in events] == [
+        "run.started",
+        "tool.started",
+        "tool.completed",
+        "tool.started",
+        "tool.failed",
+        "run.failed",
+    ]
+    dumped = json.dumps([event.data for event in events])
+    for secret in ("tool output", "hidden", "internal error text"):
+        assert secret not in dumped
+
+
+# The history window, edits and regeneration
+
+
+async def test_the_model_sees_the_window_but_the_whole_browser_window_is_reconciled(store: Store) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    persistence = store.persistence(history_window=2)
+    history: list[dict[str, Any]] = []
+    for n in range(1, 4):
+        history.append(user_message(f"u{n}", f"question {n}"))
+        answer = assistant_message(f"a{n}", f"answer {n}")
+        await turn(persistence, alice, conversation.id, history, response=answer)
+        history.append(answer)
+    model = ScriptedModel(["Four."])
+    run, _ = await agent_turn(
+        store, alice, conversation.id, [*history, user_message("u4")], model, Tools(), persistence=persistence
+    )
+    assert [m["id"] for m in run.messages] == ["a3", "u4"]
+    seen = repr(model.requests[0].messages)
+    assert "answer 3" in seen
+    assert "question 3" not in seen and "answer 2" not in seen
+    forged = copy.deepcopy(history)
+    forged[0]["parts"][0]["text"] = "rewritten"
+    with pytest.raises(AgentHistoryConflictError):
+        await turn(persistence, alice, conversation.id, [*forged, user_message("u5")])
+
+
+async def test_editing_a_message_removes_what_followed_it_from_storage(store: Store) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    persistence = store.persistence()
+    await turn(persistence, alice, conversation.id, [user_message("u1")], response=assistant_message("a1"))
+    await turn(persistence, alice, conversation.id, [user_message("u2")], response=assistant_message("a2"))
+    edited = user_message("u1", "edited")
+    start = await turn(persistence, alice, conversation.id, [edited], response=assistant_message("a3"))
+    assert start.messages == [edited]
+    assert await stored(store, alice, conversation.id) == [edited, assistant_message("a3")]
+
+
+async def test_regenerating_drops_the_last_response(store: Store) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    persistence = store.persistence()
+    await turn(persistence, alice, conversation.id, [user_message("u1")], response=assistant_message("a1"))
+    start = await turn(
+        persistence,
+        alice,
+        conversation.id,
+        [user_message("u1")],
+        response=assistant_message("a1b"),
+        trigger="regenerate-message",
+    )
+    assert start.messages == [user_message("u1")]
+    assert [m["id"] for m in await stored(store, alice, conversation.id)] == ["u1", "a1b"]
+
+
+# Many users at once
+
+
+async def test_many_users_and_tenants_taking_turns_at_once_see_only_their_own(store: Store) -> None:
+    people = [identity(tenant) for tenant in ("t1", "t1", "t2", None, "t2", None)]
+    persistence = store.persistence()
+
+    async def converse(who: StoreIdentity) -> str:
+        conversation = await store.create_conversation(who, title=who.user_id)
+        history: list[dict[str, Any]] = []
+        for n in range(3):
+            history.append(user_message(f"u{n}", who.user_id))
+            await turn(persistence, who, conversation.id, history, response=assistant_message(f"a{n}"))
+            history.append(assistant_message(f"a{n}"))
+        return conversation.id
+
+    conversations = await asyncio.gather(*(converse(who) for who in people))
+    for who, conversation_id in zip(people, conversations, strict=True):
+        assert [c.id for c in await store.list_conversations(who)] == [conversation_id]
+        messages = await stored(store, who, conversation_id)
+        assert [m["parts"][0]["text"] for m in messages if m["role"] == "user"] == [who.user_id] * 3
+        for other in conversations:
+            if other != conversation_id:
+                with pytest.raises(NotFoundError):
+                    await store.list_messages(who, other)
