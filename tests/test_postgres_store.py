@@ -31,6 +31,7 @@ from bastion.stores import (
     TurnContext,
     TurnState,
     apply_migrations,
+    available_migrations,
 )
 from tests.conftest import MigratedDatabase
 from tests.pg import PostgresCluster, RoundTripCounter
@@ -121,17 +122,24 @@ async def approval_pending(store: PostgresStore, who: StoreIdentity) -> tuple[st
 
 # Migrations
 
+SHIPPED = [migration.version for migration in available_migrations()]
+
+
+def test_the_shipped_migrations_are_numbered_without_gaps() -> None:
+    assert list(range(1, len(SHIPPED) + 1)) == SHIPPED
+    assert len(SHIPPED) >= 3
+
 
 async def test_migrations_apply_once_each(pg_cluster: PostgresCluster) -> None:
     dsn = pg_cluster.dsn(pg_cluster.database())
-    assert await apply_migrations(dsn) == [1, 2, 3]
+    assert await apply_migrations(dsn) == SHIPPED
     assert await apply_migrations(dsn) == []
 
 
 async def test_concurrent_migrators_apply_each_migration_exactly_once(pg_cluster: PostgresCluster) -> None:
     dsn = pg_cluster.dsn(pg_cluster.database())
     results = await asyncio.gather(*(apply_migrations(dsn) for _ in range(4)))
-    assert sorted(version for applied in results for version in applied) == [1, 2, 3]
+    assert sorted(version for applied in results for version in applied) == SHIPPED
 
 
 async def test_a_migration_changed_after_it_was_applied_is_refused(pg_cluster: PostgresCluster) -> None:
@@ -164,7 +172,7 @@ async def test_upgrade_migration_backfills_owner_and_tenant_of_existing_messages
                 (conversation_id, seq, message["id"], message["role"], json.dumps(message)),
             )
 
-    assert await apply_migrations(dsn) == [2, 3]
+    assert await apply_migrations(dsn) == SHIPPED[1:]
 
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cursor = await conn.execute(
