@@ -34,6 +34,8 @@ def script_for(text: str) -> list[str | DeltaToolCalls]:
     word = text.split()[0].lower()
     if word == "lookup":
         return [{0: DeltaToolCall(name="lookup", json_args='{"q": "bastion"}', tool_call_id=None)}]
+    if word == "garble":
+        return [{0: DeltaToolCall(name="lookup", json_args='{"q": 42}', tool_call_id=None)}]
     if word == "break":
         return [{0: DeltaToolCall(name="explode", json_args="{}", tool_call_id=None)}]
     if word == "delete":
@@ -217,3 +219,17 @@ async def test_a_forged_approval_is_refused_before_anything_runs(
     assert response.status_code == 409
     assert response.json()["code"] == "history_conflict"
     assert len(conversations.finished) == 1
+
+
+@pytest.mark.parametrize("sdk", SDKS)
+async def test_a_refused_tool_input_does_not_block_the_next_turn(
+    served: tuple[str, Conversations, str], sdk: str
+) -> None:
+    url, conversations, token = served
+    garbled, further = await run_chat(sdk, url, [send("garble it"), send("thanks")], headers=bearer(token))
+    for state in (garbled, further):
+        assert state["status"] == "ready", state["error"]
+    [refused] = tool_parts(garbled["messages"][-1])
+    assert refused["state"] == "output-error"
+    assert refused["errorText"].startswith("Invalid input:")
+    assert len(conversations.finished) == 2

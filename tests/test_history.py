@@ -649,3 +649,46 @@ async def test_inputs_are_not_mutated_and_share_nothing_with_the_result(
     assert (previous, incoming) == (previous_before, incoming_before)
     inputs = {id(container) for container in all_containers(previous) + all_containers(incoming)}
     assert not inputs & {id(container) for container in all_containers(result)}
+
+
+def _failed_input_history() -> list[dict[str, Any]]:
+    return [
+        {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "look it up"}]},
+        {
+            "id": "a1",
+            "role": "assistant",
+            "parts": [
+                {"type": "step-start"},
+                {
+                    "type": "tool-lookup",
+                    "toolCallId": "c1",
+                    "state": "output-error",
+                    "input": {"q": 42},
+                    "errorText": "Invalid input: q: Input should be a valid string",
+                },
+            ],
+        },
+    ]
+
+
+def _as_ai6_sends_it(history: list[dict[str, Any]], raw_input: Any) -> list[dict[str, Any]]:
+    sent = copy.deepcopy(history)
+    part = sent[1]["parts"][1]
+    del part["input"]
+    part["rawInput"] = raw_input
+    return sent
+
+
+async def test_an_ai6_client_naming_a_refused_input_raw_input_is_accepted() -> None:
+    stored = _failed_input_history()
+    incoming = [*_as_ai6_sends_it(stored, {"q": 42}), NEXT]
+    history = await reconcile_agent_messages(stored, incoming, trigger="submit-message")
+    assert history[:2] == stored
+    assert history[2]["id"] == "u2"
+
+
+async def test_a_changed_raw_input_is_still_a_conflict() -> None:
+    stored = _failed_input_history()
+    incoming = [*_as_ai6_sends_it(stored, {"q": 43}), NEXT]
+    with pytest.raises(AgentHistoryConflictError):
+        await reconcile_agent_messages(stored, incoming, trigger="submit-message")

@@ -150,7 +150,29 @@ def _checked_window(incoming: Sequence[Any]) -> list[dict[str, Any]]:
         if not all(isinstance(part, dict) and isinstance(part.get("type"), str) for part in parts):
             _conflict()
         seen.add(message_id)
-    return list(incoming)
+    return [_in_stored_shape(message) for message in incoming]
+
+
+def _in_stored_shape(message: dict[str, Any]) -> dict[str, Any]:
+    """The message with ai 6's name for a refused tool input (`rawInput`) changed to ai 7's (`input`).
+
+    Streams store the ai 7 form; an ai 6 client sends the same part back under the other key, and must
+    not be refused for it. Nothing else is renamed, and a part carrying both keys stays as it is.
+    """
+    parts = message["parts"]
+    if not any(_names_raw_input(part) for part in parts):
+        return message
+    renamed = [
+        {("input" if key == "rawInput" else key): value for key, value in part.items()}
+        if _names_raw_input(part)
+        else part
+        for part in parts
+    ]
+    return {**message, "parts": renamed}
+
+
+def _names_raw_input(part: dict[str, Any]) -> bool:
+    return part.get("state") == "output-error" and "rawInput" in part and "input" not in part
 
 
 def _reconcile(
