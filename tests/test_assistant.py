@@ -4,6 +4,7 @@ the real AI SDK client through an approval round trip, and the web page in headl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import socket
@@ -11,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
 import pytest
@@ -22,6 +23,7 @@ from bastion.assistant.server import running_assistant
 from bastion.stores import apply_migrations
 from bastion.worker import Route
 from tests.ai_sdk import ai_sdk_dir, approve, run_chat, send
+from tests.mcp_servers import Behavior, serve_mcp
 from tests.pg import PostgresCluster
 
 
@@ -43,15 +45,18 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture
-async def served(pg_cluster: PostgresCluster, tmp_path: Path) -> AsyncIterator[Served]:
+@contextlib.asynccontextmanager
+async def serve_assistant(
+    pg_cluster: PostgresCluster, data_dir: Path, **settings: Any
+) -> AsyncIterator[Served]:
     """The assistant on a fresh database, migrated as the owner and served as the application role."""
     database = pg_cluster.database("assistant")
     config = AssistantConfig(
         port=free_port(),
-        data_dir=tmp_path,
+        data_dir=data_dir,
         database_url=pg_cluster.dsn(database),
         app_database_url=pg_cluster.dsn(database, user="bastion_app"),
+        **settings,
     )
     await apply_migrations(pg_cluster.dsn(database))
     pg_cluster.create_login_roles()
@@ -64,10 +69,18 @@ async def served(pg_cluster: PostgresCluster, tmp_path: Path) -> AsyncIterator[S
         task = asyncio.ensure_future(server.serve())
         while not server.started:
             await asyncio.sleep(0.01)
-        async with httpx2.AsyncClient(timeout=30) as client:
-            yield Served(url=config.base_url, config=config, client=client)
-        server.should_exit = True
-        await task
+        try:
+            async with httpx2.AsyncClient(timeout=30) as client:
+                yield Served(url=config.base_url, config=config, client=client)
+        finally:
+            server.should_exit = True
+            await task
+
+
+@pytest.fixture
+async def served(pg_cluster: PostgresCluster, tmp_path: Path) -> AsyncIterator[Served]:
+    async with serve_assistant(pg_cluster, tmp_path) as running:
+        yield running
 
 
 def user_message(text: str) -> dict[str, Any]:
@@ -339,3 +352,53 @@ async def test_a_person_signs_in_chats_approves_reloads_and_a_second_user_sees_n
     assert steps["secondUser"]["messages"] == 0
     assert steps["secondUser"]["probe"]["status"] == 404
     assert screenshot.stat().st_size > 0
+
+
+# An MCP server, configured for the whole assistant
+
+
+@pytest.mark.parametrize("transport", ["http", "sse"])
+async def test_a_configured_mcp_tool_needs_approval_and_runs_with_the_apps_credential(
+    pg_cluster: PostgresCluster, tmp_path: Path, transport: Literal["http", "sse"]
+) -> None:
+    with serve_mcp(transport, Behavior(tokens=frozenset({"app-token"}))) as mcp:
+        async with serve_assistant(
+            pg_cluster,
+            tmp_path,
+            mcp_url=mcp.url,
+            mcp_transport=transport,
+            mcp_tools=("search",),
+            mcp_token="app-token",
+        ) as served:
+            headers = await served.sign_in("ada")
+            conversation = str(uuid.uuid4())
+            asked = await chat(served, headers, conversation, [user_message("search bastion")])
+            assert "tool-approval-request" in stream_types(asked)
+            assert mcp.log.tool_calls("search") == []
+            stored = await served.client.get(
+                f"{served.url}/api/conversations/{conversation}/messages", headers=headers
+            )
+            messages = stored.json()["messages"]
+            [pending] = [p for p in messages[-1]["parts"] if p.get("toolName") == "mcp__search"]
+            assert pending["type"] == "dynamic-tool"
+            pending["state"] = "approval-responded"
+            pending["approval"]["approved"] = True
+            answered = await chat(served, headers, conversation, messages)
+            assert answered.status_code == 200
+            assert "doc-bastion" in answered.text
+            [call] = mcp.log.tool_calls("search")
+            assert call.authorization == "Bearer app-token"
+
+
+async def test_a_refused_mcp_credential_is_a_clear_error_before_the_stream(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    with serve_mcp("http", Behavior(tokens=frozenset({"app-token"}))) as mcp:
+        async with serve_assistant(
+            pg_cluster, tmp_path, mcp_url=mcp.url, mcp_tools=("search",), mcp_token="expired"
+        ) as served:
+            headers = await served.sign_in("ada")
+            response = await chat(served, headers, str(uuid.uuid4()), [user_message("search bastion")])
+    assert response.status_code == 403
+    assert response.json()["code"] == "authorization_required"
+    assert "expired" not in response.text and mcp.url not in response.text

@@ -88,7 +88,9 @@ async def _tools(context: AssistantContext) -> AgentTools:
         return AgentTools(tools=local)
     remote = await context.remote_tools()
     try:
-        return AgentTools(tools=compose_tools(local, remote.tools), close=remote.close)
+        return AgentTools(
+            tools=compose_tools(local, remote.tools), close=remote.close, instructions=remote.instructions
+        )
     except BaseException:
         if remote.close is not None:
             await remote.close()

@@ -41,6 +41,8 @@ class AssistantConfig:
     supabase_secret_key: str | None = field(default=None, repr=False)
     supabase_jwt_secret: str | None = field(default=None, repr=False)
     mcp_url: str | None = None
+    mcp_transport: str = "http"
+    mcp_tools: tuple[str, ...] = ()
     mcp_token: str | None = field(default=None, repr=False)
     history_window: int = DEFAULT_HISTORY_WINDOW
 
@@ -67,6 +69,10 @@ class AssistantConfig:
             "supabase_secret_key": text("SUPABASE_SECRET_KEY"),
             "supabase_jwt_secret": text("SUPABASE_JWT_SECRET"),
             "mcp_url": text("BASTION_MCP_URL"),
+            "mcp_transport": text("BASTION_MCP_TRANSPORT") or "http",
+            "mcp_tools": tuple(
+                name.strip() for name in (text("BASTION_MCP_TOOLS") or "").split(",") if name.strip()
+            ),
             "mcp_token": text("BASTION_MCP_TOKEN"),
             "history_window": _positive_int("BASTION_HISTORY_WINDOW", text("BASTION_HISTORY_WINDOW"))
             or DEFAULT_HISTORY_WINDOW,
@@ -81,6 +87,13 @@ class AssistantConfig:
             raise ConfigError(f"BASTION_PORT must be between 1 and 65535, not {self.port}.")
         if self.app_database_url is not None and self.database_url is None:
             raise ConfigError("BASTION_APP_DATABASE_URL needs DATABASE_URL, which runs the migrations.")
+        if self.mcp_transport not in ("http", "sse"):
+            raise ConfigError(f"BASTION_MCP_TRANSPORT must be 'http' or 'sse', not {self.mcp_transport!r}.")
+        if self.mcp_url is not None and not self.mcp_tools:
+            raise ConfigError(
+                "BASTION_MCP_URL needs BASTION_MCP_TOOLS, the comma-separated remote tools the assistant "
+                "may use: tools a server adds later are never exposed."
+            )
         if self.model_base_url is not None and self.model is None:
             raise ConfigError("BASTION_MODEL_BASE_URL needs BASTION_MODEL, the model name the server knows.")
 

@@ -63,6 +63,10 @@ def _choose_tool(text: str, offered: set[str]) -> tuple[str, dict[str, Any]] | N
         return "load_skill", {"name": "note-writing"}
     if says(r"\bnotes\b") and "list_notes" in offered:
         return "list_notes", {}
+    search = re.match(r"^search\s+(.+)$", text, flags=re.IGNORECASE)
+    remote_search = sorted(name for name in offered if name.endswith("__search"))
+    if search and remote_search:
+        return remote_search[0], {"query": search.group(1).strip()[:200]}
     return None
 
 

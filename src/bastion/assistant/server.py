@@ -19,6 +19,7 @@ from bastion.assistant.config import AssistantConfig, ConfigError, resolve_model
 from bastion.assistant.database import Database, DatabaseError, migrate, open_database
 from bastion.assistant.demo_model import DEMO_NOTICE
 from bastion.assistant.dev_auth import DevelopmentSignIn
+from bastion.assistant.remote import remote_tool_names, remote_tools
 from bastion.auth import SupabaseEnv
 from bastion.stores import PostgresStore
 
@@ -96,6 +97,8 @@ async def running_assistant(
                 env=env,
                 development_sign_in=sign_in,
                 history_window=config.history_window,
+                remote_tools=remote_tools(config),
+                remote_tool_names=remote_tool_names(config),
             )
             yield RunningAssistant(app=app, database=database, asgi=app.asgi())
         finally:
