@@ -580,3 +580,24 @@ async def test_run_executor_propagates_an_executor_error() -> None:
 
     with pytest.raises(RuntimeError, match="boom"):
         await run_executor(execute, call_for("t", {}))
+
+
+async def test_a_tool_defined_again_each_turn_reuses_its_schema_but_not_its_closure() -> None:
+    def factory(user: str) -> Tool:
+        @tool
+        async def whoami(loud: bool = False) -> str:
+            """Who the caller is."""
+            return user.upper() if loud else user
+
+        return whoami
+
+    first, second = factory("ada"), factory("bob")
+    assert first.input_schema == second.input_schema
+    assert first.input_schema is not second.input_schema
+    assert await _run(first, {"loud": True}) == "ADA"
+    assert await _run(second, {}) == "bob"
+
+
+async def _run(item: Tool, arguments: dict[str, Any]) -> Any:
+    assert item.execute is not None
+    return await run_executor(item.execute, ToolCall(tool_name=item.name, input=arguments, tool_call_id="c"))

@@ -52,12 +52,19 @@ def _loads(text: str) -> Any:
     return json.loads(text, parse_float=_js_number, parse_constant=_reject_constant)
 
 
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
 def to_client_json(value: Any) -> tuple[str, Any]:
     """The compact wire text of `value` and the value the client parses from it.
 
     Raises `ValueError` or `TypeError` for values that are not JSON (NaN, sets, objects).
+    A flat object of strings (every text and reasoning chunk) reads back as itself, so the hot path
+    skips parsing it again.
     """
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = _encode(value)
+    if type(value) is dict and all(type(item) is str for item in value.values()):
+        return text, value
     return text, _loads(text)
 
 

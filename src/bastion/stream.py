@@ -8,15 +8,14 @@ The turn is consumed to its end even when the browser goes away, so nothing it s
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import math
 import secrets
 import string
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Literal, Protocol
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -182,9 +181,9 @@ class _Turn:
         self._on_finish = on_finish
         self._on_settled = on_settled
         self._on_error = on_error
-        self._events: MemoryObjectSendStream[bytes] | None = None
+        self._events: _EventChannel | None = None
 
-    async def run(self, events: MemoryObjectSendStream[bytes]) -> None:
+    async def run(self, events: _EventChannel) -> None:
         """Runs the whole turn; a client disconnect or a cancelled request does not interrupt it."""
         self._events = events
         with anyio.CancelScope(shield=True):
@@ -254,12 +253,8 @@ class _Turn:
         self._send(_event(chunk))
 
     def _send(self, event: bytes) -> None:
-        if self._events is None:
-            return
-        try:
-            self._events.send_nowait(event)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self._events = None  # the client is gone; keep consuming without sending
+        if self._events is not None:
+            self._events.send(event)
 
 
 async def _close_quietly(aclose: Callable[[], Awaitable[object]]) -> None:
@@ -283,38 +278,67 @@ class AgentStreamResponse(Response):
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        events_in: MemoryObjectReceiveStream[bytes]
-        events_out, events_in = anyio.create_memory_object_stream[bytes](math.inf)
+        events = _EventChannel()
         async with anyio.create_task_group() as turn_group:
-            turn_group.start_soon(self._turn.run, events_out)
-            with events_in:
-                await self._deliver(events_in, receive, send)
+            turn_group.start_soon(self._turn.run, events)
+            try:
+                await self._deliver(events, receive, send)
+            finally:
+                events.abandon()
 
-    async def _deliver(self, events: MemoryObjectReceiveStream[bytes], receive: Receive, send: Send) -> None:
+    async def _deliver(self, events: _EventChannel, receive: Receive, send: Send) -> None:
         try:
             async with anyio.create_task_group() as delivery:
                 delivery.start_soon(_cancel_on_disconnect, receive, delivery.cancel_scope)
                 await send(
                     {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
                 )
-                async for event in events:
-                    await send(
-                        {"type": "http.response.body", "body": _with_ready(event, events), "more_body": True}
-                    )
+                async for batch in events.batches():
+                    await send({"type": "http.response.body", "body": batch, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 delivery.cancel_scope.cancel()
         except OSError:
             logger.info("The client went away while the agent turn was streaming.")
 
 
-def _with_ready(event: bytes, events: MemoryObjectReceiveStream[bytes]) -> bytes:
-    """Join the events already waiting, so a fast turn does not cost one write per chunk."""
-    batch = [event]
-    while True:
-        try:
-            batch.append(events.receive_nowait())
-        except (anyio.WouldBlock, anyio.EndOfStream):
-            return b"".join(batch)
+class _EventChannel:
+    """Events from the turn to the sender: sent without waiting, delivered in batches.
+
+    Whatever the turn produced while the previous write was in flight goes out as one write, so a
+    fast turn does not cost one write per chunk. Once the client is gone, events are dropped.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[bytes] = []
+        self._ready = asyncio.Event()
+        self._closed = False
+        self._abandoned = False
+
+    def send(self, event: bytes) -> None:
+        if not self._abandoned:
+            self._pending.append(event)
+            self._ready.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._ready.set()
+
+    def abandon(self) -> None:
+        """The sender stopped (the client disconnected): keep nothing more."""
+        self._abandoned = True
+        self._pending.clear()
+
+    async def batches(self) -> AsyncIterator[bytes]:
+        while True:
+            if self._pending:
+                batch = b"".join(self._pending)
+                self._pending.clear()
+                yield batch
+            elif self._closed:
+                return
+            else:
+                self._ready.clear()
+                await self._ready.wait()
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:

@@ -7,6 +7,7 @@ of receiving it from the model.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -177,8 +178,7 @@ def tool(
     """
 
     def build(fn: Callable[..., Any]) -> Tool:
-        model, call_parameter = _input_model(fn)
-        adapter = pydantic.TypeAdapter(model)
+        adapter, call_parameter, schema = _signature_of(fn)
 
         def validate(raw: Any) -> Any:
             try:
@@ -194,12 +194,10 @@ def tool(
             result = fn(**arguments)
             return await result if inspect.isawaitable(result) else result
 
-        schema = adapter.json_schema()
-        schema.pop("title", None)
         return Tool(
             name=name or fn.__name__,
             description=description if description is not None else _first_paragraph(fn.__doc__),
-            input_schema=schema,
+            input_schema=copy.deepcopy(schema),
             execute=execute,
             needs_approval=needs_approval,
             to_model_output=to_model_output,
@@ -217,6 +215,37 @@ def _keep_raw_if_valid(validate: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return raw
 
     return check
+
+
+_Signature: TypeAlias = tuple[pydantic.TypeAdapter[Any], str | None, dict[str, Any]]
+_signatures: dict[tuple[object, ...], _Signature] = {}
+
+
+def _signature_of(fn: Callable[..., Any]) -> _Signature:
+    """The input validator, `ToolCall` parameter and schema of a tool function.
+
+    Tool factories run every turn and define their tools again as closures; building a pydantic model
+    each time costs milliseconds, so the result is kept per code object and defaults.
+    """
+    code = getattr(fn, "__code__", None)
+    key = (code, fn.__defaults__, tuple(sorted((fn.__kwdefaults__ or {}).items()))) if code else None
+    try:
+        cached = _signatures.get(key) if key is not None else None
+    except TypeError:  # unhashable defaults: build afresh
+        key, cached = None, None
+    if cached is not None:
+        return cached
+    model, call_parameter = _input_model(fn)
+    adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(model)
+    schema = adapter.json_schema()
+    schema.pop("title", None)
+    signature = (adapter, call_parameter, schema)
+    if key is not None and len(_signatures) < _SIGNATURE_CACHE_SIZE:
+        _signatures[key] = signature
+    return signature
+
+
+_SIGNATURE_CACHE_SIZE = 4096
 
 
 def _input_model(fn: Callable[..., Any]) -> tuple[type[pydantic.BaseModel], str | None]:
