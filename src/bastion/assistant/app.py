@@ -6,14 +6,11 @@ every error is JSON with a stable code.
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
-import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from importlib import resources
 from typing import Any
 
@@ -28,7 +25,6 @@ from bastion.assistant.dev_auth import DevelopmentSignIn, InvalidUserNameError
 from bastion.assistant.notes import PostgresNoteBook
 from bastion.assistant.openapi import openapi_document
 from bastion.auth import Principal, SupabaseEnv, TokenVerifier
-from bastion.errors import BastionError
 from bastion.stores import (
     InvalidInputError,
     NotFoundError,
@@ -36,6 +32,7 @@ from bastion.stores import (
     StoreIdentity,
     TurnContext,
 )
+from bastion.stores.routes import InvalidRequestError, conversation_routes, json_body
 from bastion.stream import StreamStatus, create_agent_stream_response
 from bastion.worker import RequestContext, Route, create_agent_worker
 
@@ -46,13 +43,6 @@ logger = logging.getLogger("bastion.assistant")
 TRIGGERS = frozenset({"submit-message", "regenerate-message"})
 TITLE_LENGTH = 80
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css"}
-
-
-class InvalidRequestError(BastionError):
-    """The request body is not what this endpoint takes."""
-
-    code = "invalid_input"
-    status = 400
 
 
 @dataclass
@@ -83,8 +73,9 @@ class AssistantApp:
     # Chat
 
     async def chat(self, request: Request, context: RequestContext) -> Response:
+        """Run one turn of a conversation and answer with the AI SDK UI message stream."""
         principal = _principal(context)
-        body = await _json_body(request)
+        body = await json_body(request)
         conversation_id = _uuid(body.get("id"), "id")
         trigger = body.get("trigger", "submit-message")
         messages = body.get("messages")
@@ -144,72 +135,14 @@ class AssistantApp:
         except InvalidInputError:
             raise NotFoundError() from None
 
-    # Conversations
-
-    async def list_conversations(self, request: Request, context: RequestContext) -> Response:
-        identity = StoreIdentity.from_principal(_principal(context))
-        conversations = await self.store.list_conversations(identity, limit=100)
-        return JSONResponse({"conversations": [_conversation_json(c) for c in conversations]})
-
-    async def create_conversation(self, request: Request, context: RequestContext) -> Response:
-        identity = StoreIdentity.from_principal(_principal(context))
-        body = await _json_body(request, optional=True)
-        title = body.get("title")
-        if title is not None and not isinstance(title, str):
-            raise InvalidRequestError("title must be a string.")
-        conversation = await self.store.create_conversation(identity, title=title)
-        return JSONResponse(_conversation_json(conversation), status_code=201)
-
-    async def get_conversation(self, request: Request, context: RequestContext) -> Response:
-        identity = StoreIdentity.from_principal(_principal(context))
-        conversation = await self.store.get_conversation(identity, _param_uuid(context))
-        return JSONResponse(_conversation_json(conversation))
-
-    async def update_conversation(self, request: Request, context: RequestContext) -> Response:
-        identity = StoreIdentity.from_principal(_principal(context))
-        body = await _json_body(request)
-        title = body.get("title")
-        if not isinstance(title, str):
-            raise InvalidRequestError("title must be a string.")
-        conversation = await self.store.update_conversation(identity, _param_uuid(context), title=title)
-        return JSONResponse(_conversation_json(conversation))
-
-    async def delete_conversation(self, request: Request, context: RequestContext) -> Response:
-        identity = StoreIdentity.from_principal(_principal(context))
-        await self.store.delete_conversation(identity, _param_uuid(context))
-        return Response(status_code=204)
-
-    async def list_messages(self, request: Request, context: RequestContext) -> Response:
-        identity = StoreIdentity.from_principal(_principal(context))
-        stored = await self.store.list_messages(identity, _param_uuid(context))
-        return JSONResponse({"messages": [message.message for message in stored]})
-
-    async def list_events(self, request: Request, context: RequestContext) -> Response:
-        identity = StoreIdentity.from_principal(_principal(context))
-        after = _cursor(request.query_params.get("after", "0"))
-        events = await self.store.list_events(identity, _param_uuid(context), after=after, limit=100)
-        items = [_event_json(event) for event in events]
-        return JSONResponse({"events": items, "next": items[-1]["cursor"] if items else after})
-
-    async def add_feedback(self, request: Request, context: RequestContext) -> Response:
-        identity = StoreIdentity.from_principal(_principal(context))
-        body = await _json_body(request)
-        message_id, rating, comment = body.get("message_id"), body.get("rating"), body.get("comment")
-        if not isinstance(message_id, str) or rating not in ("up", "down"):
-            raise InvalidRequestError("Send a message_id and a rating of 'up' or 'down'.")
-        if comment is not None and not isinstance(comment, str):
-            raise InvalidRequestError("comment must be a string.")
-        feedback = await self.store.add_feedback(
-            identity, _param_uuid(context), message_id, rating=rating, comment=comment
-        )
-        return JSONResponse(_record(feedback), status_code=201)
-
     # Public routes
 
     async def health(self, request: Request, context: RequestContext) -> Response:
+        """Whether the server is up."""
         return JSONResponse({"status": "ok"})
 
     async def info(self, request: Request, context: RequestContext) -> Response:
+        """Which model runs and how users sign in."""
         return JSONResponse(
             {
                 "demo_model": self.demo,
@@ -219,17 +152,20 @@ class AssistantApp:
         )
 
     async def openapi(self, request: Request, context: RequestContext) -> Response:
+        """This document."""
         return JSONResponse(openapi_document(build_routes(self)))
 
     async def jwks(self, request: Request, context: RequestContext) -> Response:
+        """The development signing keys (development sign-in only)."""
         if self.development_sign_in is None:
             raise NotFoundError()
         return JSONResponse(self.development_sign_in.jwks)
 
     async def development_token(self, request: Request, context: RequestContext) -> Response:
+        """Issue a development token for a user name (loopback only)."""
         if self.development_sign_in is None or not _from_loopback(request):
             raise NotFoundError()
-        body = await _json_body(request)
+        body = await json_body(request)
         user = body.get("user")
         if not isinstance(user, str):
             raise InvalidRequestError(str(InvalidUserNameError()))
@@ -247,25 +183,19 @@ class AssistantApp:
         )
 
     async def page(self, request: Request, context: RequestContext) -> Response:
+        """The chat page."""
         return _static("index.html")
 
     async def static(self, request: Request, context: RequestContext) -> Response:
+        """The chat page's assets."""
         return _static(str(context.params.get("name", "")))
 
 
 def build_routes(app: AssistantApp) -> list[Route]:
     """Every route of the assistant, each declaring its authentication."""
-    conversation = "/api/conversations/{conversation_id}"
     return [
         Route(method="POST", path="/api/chat", auth="user", handler=app.chat),
-        Route(method="GET", path="/api/conversations", auth="user", handler=app.list_conversations),
-        Route(method="POST", path="/api/conversations", auth="user", handler=app.create_conversation),
-        Route(method="GET", path=conversation, auth="user", handler=app.get_conversation),
-        Route(method="PATCH", path=conversation, auth="user", handler=app.update_conversation),
-        Route(method="DELETE", path=conversation, auth="user", handler=app.delete_conversation),
-        Route(method="GET", path=f"{conversation}/messages", auth="user", handler=app.list_messages),
-        Route(method="GET", path=f"{conversation}/events", auth="user", handler=app.list_events),
-        Route(method="POST", path=f"{conversation}/feedback", auth="user", handler=app.add_feedback),
+        *conversation_routes(app.store),
         Route(method="GET", path="/health", auth="none", handler=app.health),
         Route(method="GET", path="/api/info", auth="none", handler=app.info),
         Route(method="GET", path="/openapi.json", auth="none", handler=app.openapi),
@@ -282,19 +212,6 @@ def _principal(context: RequestContext) -> Principal:
     return context.principal
 
 
-async def _json_body(request: Request, *, optional: bool = False) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw and optional:
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise InvalidRequestError("The body must be a JSON object.") from None
-    if not isinstance(body, dict):
-        raise InvalidRequestError("The body must be a JSON object.")
-    return body
-
-
 def _uuid(value: object, name: str) -> str:
     try:
         return str(uuid.UUID(str(value))) if isinstance(value, str) else _invalid(name)
@@ -304,20 +221,6 @@ def _uuid(value: object, name: str) -> str:
 
 def _invalid(name: str) -> str:
     raise InvalidRequestError(f"{name} must be a conversation id (a UUID).")
-
-
-def _param_uuid(context: RequestContext) -> str:
-    """A malformed id is not found, like a foreign one: ids cannot be probed by their shape."""
-    try:
-        return str(uuid.UUID(str(context.params.get("conversation_id"))))
-    except ValueError:
-        raise NotFoundError() from None
-
-
-def _cursor(value: str) -> int:
-    if not value.isdigit() or len(value) > 18:
-        raise InvalidRequestError("after must be a non-negative event cursor.")
-    return int(value)
 
 
 def _title_from(messages: list[Any]) -> str | None:
@@ -332,33 +235,6 @@ def _title_from(messages: list[Any]) -> str | None:
                     text = " ".join(part["text"].split())
                     return text[:TITLE_LENGTH] or None
     return None
-
-
-def _record(value: Any) -> dict[str, Any]:
-    plain: dict[str, Any] = _plain(value)
-    return plain
-
-
-def _plain(value: Any) -> Any:
-    """A store record as JSON-ready values."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {item.name: _plain(getattr(value, item.name)) for item in dataclasses.fields(value)}
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return value
-
-
-def _conversation_json(conversation: Any) -> dict[str, Any]:
-    plain = _record(conversation)
-    return {
-        key: plain[key] for key in ("id", "title", "revision", "created_at", "updated_at") if key in plain
-    }
-
-
-def _event_json(event: Any) -> dict[str, Any]:
-    plain = _record(event)
-    plain.setdefault("cursor", plain.get("id"))
-    return plain
 
 
 def _from_loopback(request: Request) -> bool:
