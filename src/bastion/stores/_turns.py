@@ -11,18 +11,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Final
 
 from pydantic_core import to_jsonable_python
 
-from bastion.persistence import RunStatus
-from bastion.stores.entities import check_text
-from bastion.stores.errors import InvalidInputError, ToolOperationMismatchError, ToolOperationUncertainError
+from bastion.approvals import CanRespondToApproval
+from bastion.history import reconcile_agent_messages
+from bastion.persistence import AgentPersistence, RunInput, RunStatus, ToolOperation
+from bastion.stores.entities import TurnContext, TurnState, check_text
+from bastion.stores.errors import (
+    InvalidInputError,
+    ToolOperationConflictError,
+    ToolOperationMismatchError,
+    ToolOperationUncertainError,
+)
 
 __all__ = [
     "MAX_TITLE",
     "HistoryWrites",
+    "TurnPersistence",
     "approval_request_events",
     "approval_response_events",
     "browser_message_ids",
@@ -206,3 +215,70 @@ def replayed_result(result: dict[str, Any], name: str, tool_input: Any) -> Any:
     if result["status"] != "completed":
         raise ToolOperationUncertainError()
     return result["output"]
+
+
+class TurnPersistence(AgentPersistence[TurnContext, TurnState]):
+    """What both stores' persistence does the same way: settings, reconciliation, and running a claimed
+    tool call so that its result is recorded (failed unless it completed) with the run's next write."""
+
+    def __init__(
+        self,
+        *,
+        history_window: int = 100,
+        lease_seconds: float = 300.0,
+        can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
+    ) -> None:
+        if type(history_window) is not int or history_window < 1:
+            raise ValueError("history_window must be a positive integer.")
+        if not 0 <= lease_seconds <= 86_400:
+            raise ValueError("lease_seconds must be between 0 and 86400.")
+        self._window = history_window
+        self._lease_seconds = float(lease_seconds)
+        self._can_respond = can_respond_to_approval
+
+    async def _reconcile(
+        self, previous: list[dict[str, Any]], input: RunInput, context: TurnContext
+    ) -> list[dict[str, Any]]:
+        if self._can_respond is None:
+            return await reconcile_agent_messages(previous, input.messages, trigger=input.trigger)
+        return await reconcile_agent_messages(
+            previous,
+            input.messages,
+            trigger=input.trigger,
+            context=context,
+            can_respond_to_approval=self._can_respond,
+        )
+
+    @staticmethod
+    def _checked_operation(state: TurnState, operation: ToolOperation) -> tuple[str, str, Any]:
+        """The call's name, id and JSON input; a call already running in this run is a conflict."""
+        name = check_text(operation.name)
+        call_id = check_text(operation.tool_call_id)
+        tool_input = json_value(operation.input)
+        if call_id in state.running_tool_calls:
+            raise ToolOperationConflictError()
+        return name, call_id, tool_input
+
+    @staticmethod
+    def _unrecorded(state: TurnState, call_id: str) -> dict[str, Any] | None:
+        """This run's earlier result for the call, not yet written to the store."""
+        return next((result for result in state.unrecorded_results if result["toolCallId"] == call_id), None)
+
+    async def _execute(
+        self, state: TurnState, operation: ToolOperation, name: str, call_id: str, tool_input: Any
+    ) -> Any:
+        """Run the claimed side effect; its result is recorded with this run's next write."""
+        record = {"toolCallId": call_id, "toolName": name, "input": tool_input}
+        record |= {"status": "failed", "output": None}
+        try:
+            value = await operation.execute()
+        except BaseException:
+            state.unrecorded_results.append(record)
+            raise
+        finally:
+            state.running_tool_calls.discard(call_id)
+        # A result that cannot be stored cannot be replayed: it stays recorded as failed, never rerun.
+        with suppress(InvalidInputError):
+            record |= {"status": "completed", "output": json_value(value)}
+        state.unrecorded_results.append(record)
+        return value

@@ -19,15 +19,14 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Final, TypeAlias
 
 import psycopg
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -41,6 +40,7 @@ from bastion.credentials import (
 )
 from bastion.stores.entities import StoreIdentity
 from bastion.stores.errors import InvalidInputError
+from bastion.stores.postgres import caller_transaction
 
 __all__ = [
     "CREDENTIALS_KEY_VARIABLE",
@@ -364,29 +364,9 @@ def _caller_of(ref: CredentialRef, owner_id: str | None, tenant_id: str | None) 
     )
 
 
-@asynccontextmanager
-async def _transaction(pool: Pool, caller: _Caller) -> AsyncIterator[Connection]:
+def _transaction(pool: Pool, caller: _Caller) -> AbstractAsyncContextManager[Connection]:
     """One pipelined transaction as `caller`; role and claims never outlive it on a pooled connection."""
-    async with pool.connection() as conn:
-        if not conn.autocommit:
-            await conn.set_autocommit(True)
-        try:
-            async with conn.pipeline():
-                await conn.execute("begin")
-                await conn.execute(_SET_CALLER, (caller.role, caller.claims))
-                yield conn
-                await conn.execute("commit")
-        except BaseException:
-            await _rollback(conn)
-            raise
-
-
-async def _rollback(conn: Connection) -> None:
-    try:
-        if conn.info.transaction_status != TransactionStatus.IDLE:
-            await conn.rollback()
-    except psycopg.Error:
-        pass
+    return caller_transaction(pool, _SET_CALLER, (caller.role, caller.claims))
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import asynccontextmanager, contextmanager
 from types import TracebackType
 from typing import Any, Final, Self, TypeAlias
 
@@ -26,9 +26,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from bastion.approvals import CanRespondToApproval
-from bastion.history import reconcile_agent_messages
 from bastion.persistence import (
-    AgentPersistence,
     AgentRunInactiveError,
     RunInput,
     RunOutcome,
@@ -37,12 +35,12 @@ from bastion.persistence import (
 )
 from bastion.stores._migrations import apply_migrations
 from bastion.stores._turns import (
+    TurnPersistence,
     approval_request_events,
     approval_response_events,
     browser_message_ids,
     check_response,
     check_title,
-    json_value,
     pending_approval_ids,
     plan_history_writes,
     replayed_result,
@@ -166,18 +164,8 @@ class PostgresStore:
         Statements queue until a result is fetched or the block ends; results of statements left
         unfetched can be read after the block, which then cost no extra round trip.
         """
-        async with self._pool.connection() as conn:
-            if not conn.autocommit:
-                await conn.set_autocommit(True)
-            try:
-                async with conn.pipeline():
-                    await conn.execute("begin")
-                    await conn.execute(_SET_IDENTITY, (identity.database_claims(),))
-                    yield conn
-                    await conn.execute("commit")
-            except BaseException:
-                await _rollback(conn)
-                raise
+        async with caller_transaction(self._pool, _SET_IDENTITY, (identity.database_claims(),)) as conn:
+            yield conn
 
     # Entity API: user-scoped, tenant-scoped under a tenant claim; the database injects the owner.
 
@@ -330,7 +318,7 @@ class PostgresStore:
         ]
 
 
-class PostgresAgentPersistence(AgentPersistence[TurnContext, TurnState]):
+class PostgresAgentPersistence(TurnPersistence):
     """Turns stored in Postgres: claims with revisions and leases, exactly-once tool operations, events.
 
     - `start_run` (two round trips, one transaction): lock the conversation without waiting, load
@@ -353,14 +341,12 @@ class PostgresAgentPersistence(AgentPersistence[TurnContext, TurnState]):
         lease_seconds: float = 300.0,
         can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
     ) -> None:
-        if type(history_window) is not int or history_window < 1:
-            raise ValueError("history_window must be a positive integer.")
-        if not 0 <= lease_seconds <= 86_400:
-            raise ValueError("lease_seconds must be between 0 and 86400.")
+        super().__init__(
+            history_window=history_window,
+            lease_seconds=lease_seconds,
+            can_respond_to_approval=can_respond_to_approval,
+        )
         self._store = store
-        self._window = history_window
-        self._lease = float(lease_seconds)
-        self._can_respond = can_respond_to_approval
 
     async def start_run(self, context: TurnContext, input: RunInput) -> RunStart[TurnState]:
         run_id = str(uuid.uuid4())
@@ -393,7 +379,7 @@ class PostgresAgentPersistence(AgentPersistence[TurnContext, TurnState]):
                         run_id,
                         context.request_id,
                         revision,
-                        self._lease,
+                        self._lease_seconds,
                         plan.truncate_after,
                         Jsonb(plan.writes),
                         Jsonb(events),
@@ -408,14 +394,10 @@ class PostgresAgentPersistence(AgentPersistence[TurnContext, TurnState]):
         return RunStart(messages=history[-self._window :], state=state)
 
     async def execute_tool(self, context: TurnContext, state: TurnState, operation: ToolOperation) -> Any:
-        name = check_text(operation.name)
-        call_id = check_text(operation.tool_call_id)
-        tool_input = json_value(operation.input)
-        if call_id in state.running_tool_calls:
-            raise ToolOperationConflictError()
-        for result in state.unrecorded_results:
-            if result["toolCallId"] == call_id:
-                return replayed_result(result, name, tool_input)
+        name, call_id, tool_input = self._checked_operation(state, operation)
+        earlier = self._unrecorded(state, call_id)
+        if earlier is not None:
+            return replayed_result(earlier, name, tool_input)
         results = list(state.unrecorded_results)
         state.running_tool_calls.add(call_id)
         claimed = False
@@ -430,7 +412,7 @@ class PostgresAgentPersistence(AgentPersistence[TurnContext, TurnState]):
                             call_id,
                             name,
                             Jsonb(tool_input),
-                            self._lease,
+                            self._lease_seconds,
                             Jsonb(_recordable(results)),
                         ),
                     )
@@ -476,37 +458,25 @@ class PostgresAgentPersistence(AgentPersistence[TurnContext, TurnState]):
                 )
         del state.unrecorded_results[: len(results)]
 
-    async def _reconcile(
-        self, previous: list[dict[str, Any]], input: RunInput, context: TurnContext
-    ) -> list[dict[str, Any]]:
-        if self._can_respond is None:
-            return await reconcile_agent_messages(previous, input.messages, trigger=input.trigger)
-        return await reconcile_agent_messages(
-            previous,
-            input.messages,
-            trigger=input.trigger,
-            context=context,
-            can_respond_to_approval=self._can_respond,
-        )
 
-    async def _execute(
-        self, state: TurnState, operation: ToolOperation, name: str, call_id: str, tool_input: Any
-    ) -> Any:
-        """Run the claimed side effect; its result is recorded with this run's next round trip."""
-        record = {"toolCallId": call_id, "toolName": name, "input": tool_input}
-        record |= {"status": "failed", "output": None}
+@asynccontextmanager
+async def caller_transaction(
+    pool: Pool, set_caller: str, params: tuple[Any, ...]
+) -> AsyncIterator[Connection]:
+    """One pipelined transaction that first runs `set_caller` (a `set_config(..., true)` statement), so the
+    caller's role and claims last exactly as long as the transaction on a pooled connection."""
+    async with pool.connection() as conn:
+        if not conn.autocommit:
+            await conn.set_autocommit(True)
         try:
-            value = await operation.execute()
+            async with conn.pipeline():
+                await conn.execute("begin")
+                await conn.execute(set_caller, params)
+                yield conn
+                await conn.execute("commit")
         except BaseException:
-            state.unrecorded_results.append(record)
+            await _rollback(conn)
             raise
-        finally:
-            state.running_tool_calls.discard(call_id)
-        # A result that cannot be stored cannot be replayed: it stays recorded as failed, never rerun.
-        with suppress(InvalidInputError):
-            record |= {"status": "completed", "output": json_value(value)}
-        state.unrecorded_results.append(record)
-        return value
 
 
 async def _rollback(conn: Connection) -> None:

@@ -29,16 +29,13 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar
 
 from bastion.approvals import CanRespondToApproval
-from bastion.history import reconcile_agent_messages
 from bastion.persistence import (
-    AgentPersistence,
     AgentRunInactiveError,
     RunInput,
     RunOutcome,
@@ -47,13 +44,13 @@ from bastion.persistence import (
 )
 from bastion.stores._migrations import Migration, MigrationChangedError
 from bastion.stores._turns import (
+    TurnPersistence,
     approval_request_events,
     approval_response_events,
     browser_message_ids,
     canonical_json,
     check_response,
     check_title,
-    json_value,
     pending_approval_ids,
     plan_history_writes,
     replayed_result,
@@ -385,7 +382,7 @@ class SqliteStore:
         ]
 
 
-class SqliteAgentPersistence(AgentPersistence[TurnContext, TurnState]):
+class SqliteAgentPersistence(TurnPersistence):
     """Turns stored in SQLite: claims with revisions and leases, exactly-once tool operations, events.
 
     - `start_run`: read the conversation's stored tail (a turn in progress, a stale revision or a
@@ -409,14 +406,13 @@ class SqliteAgentPersistence(AgentPersistence[TurnContext, TurnState]):
         lease_seconds: float = 300.0,
         can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
     ) -> None:
-        if type(history_window) is not int or history_window < 1:
-            raise ValueError("history_window must be a positive integer.")
-        if not 0 <= lease_seconds <= 86_400:
-            raise ValueError("lease_seconds must be between 0 and 86400.")
+        super().__init__(
+            history_window=history_window,
+            lease_seconds=lease_seconds,
+            can_respond_to_approval=can_respond_to_approval,
+        )
         self._store = store
-        self._window = history_window
-        self._lease_us = round(lease_seconds * 1_000_000)
-        self._can_respond = can_respond_to_approval
+        self._lease_us = round(self._lease_seconds * 1_000_000)
 
     async def start_run(self, context: TurnContext, input: RunInput) -> RunStart[TurnState]:
         params = _scope(context.identity, context.conversation_id) | {"request": context.request_id}
@@ -470,14 +466,10 @@ class SqliteAgentPersistence(AgentPersistence[TurnContext, TurnState]):
         return revision, last_seq, [(seq, json.loads(message)) for seq, message in tail]
 
     async def execute_tool(self, context: TurnContext, state: TurnState, operation: ToolOperation) -> Any:
-        name = check_text(operation.name)
-        call_id = check_text(operation.tool_call_id)
-        tool_input = json_value(operation.input)
-        if call_id in state.running_tool_calls:
-            raise ToolOperationConflictError()
-        for result in state.unrecorded_results:
-            if result["toolCallId"] == call_id:
-                return replayed_result(result, name, tool_input)
+        name, call_id, tool_input = self._checked_operation(state, operation)
+        earlier = self._unrecorded(state, call_id)
+        if earlier is not None:
+            return replayed_result(earlier, name, tool_input)
         results = list(state.unrecorded_results)
         params = _scope(context.identity, state.conversation_id) | {
             "run": state.run_id,
@@ -553,38 +545,6 @@ class SqliteAgentPersistence(AgentPersistence[TurnContext, TurnState]):
 
         await self._store._run(lambda conn: _conflicts(conn, finish), write=True)
         del state.unrecorded_results[: len(results)]
-
-    async def _reconcile(
-        self, previous: list[dict[str, Any]], input: RunInput, context: TurnContext
-    ) -> list[dict[str, Any]]:
-        if self._can_respond is None:
-            return await reconcile_agent_messages(previous, input.messages, trigger=input.trigger)
-        return await reconcile_agent_messages(
-            previous,
-            input.messages,
-            trigger=input.trigger,
-            context=context,
-            can_respond_to_approval=self._can_respond,
-        )
-
-    async def _execute(
-        self, state: TurnState, operation: ToolOperation, name: str, call_id: str, tool_input: Any
-    ) -> Any:
-        """Run the claimed side effect; its result is recorded with this run's next transaction."""
-        record = {"toolCallId": call_id, "toolName": name, "input": tool_input}
-        record |= {"status": "failed", "output": None}
-        try:
-            value = await operation.execute()
-        except BaseException:
-            state.unrecorded_results.append(record)
-            raise
-        finally:
-            state.running_tool_calls.discard(call_id)
-        # A result that cannot be stored cannot be replayed: it stays recorded as failed, never rerun.
-        with suppress(InvalidInputError):
-            record |= {"status": "completed", "output": json_value(value)}
-        state.unrecorded_results.append(record)
-        return value
 
 
 def available_sqlite_migrations() -> list[Migration]:
