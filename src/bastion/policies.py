@@ -258,15 +258,9 @@ async def sanitize_tool_output_for_model(
 
     A tool that is hidden, refused, or no longer listed becomes a denial.
     """
-    name = tool_part_name(part)
-    policy = policies.get(name) if name is not None else None
-    sanitized = dict(part)
-    if name is None or policy is None:
-        return _as_denied(sanitized, DEFAULT_DENIED_OUTPUT)
-    call = _stored_call(part, name)
-    if not is_visible(policy, context) or not await is_execution_allowed(policy, context, call):
-        return _as_denied(sanitized, policy.denied_output)
-    if part.get("state") == "output-available":
+    sanitized, allowed = await _checked_again(part, context, policies)
+    if allowed is not None and part.get("state") == "output-available":
+        policy, call = allowed
         sanitized["output"] = _unwrap(project_output(policy, part.get("output"), context, call))
     return sanitized
 
@@ -278,17 +272,26 @@ async def sanitize_tool_error_for_model(
     policies: Mapping[str, ToolPolicy[ContextT]],
 ) -> dict[str, Any]:
     """A stored tool error as the model may see it now, with the current error formatter applied."""
+    sanitized, allowed = await _checked_again(part, context, policies)
+    if allowed is not None and part.get("state") == "output-error":
+        policy, call = allowed
+        sanitized["errorText"] = format_error(policy, str(part.get("errorText", "")), context, call)
+    return sanitized
+
+
+async def _checked_again(
+    part: Mapping[str, Any], context: ContextT, policies: Mapping[str, ToolPolicy[ContextT]]
+) -> tuple[dict[str, Any], tuple[ToolPolicy[ContextT], ToolCall] | None]:
+    """A copy of the part, and its policy and call if today's checks still allow it (else a denial)."""
     name = tool_part_name(part)
     policy = policies.get(name) if name is not None else None
     sanitized = dict(part)
     if name is None or policy is None:
-        return _as_denied(sanitized, DEFAULT_DENIED_OUTPUT)
+        return _as_denied(sanitized, DEFAULT_DENIED_OUTPUT), None
     call = _stored_call(part, name)
     if not is_visible(policy, context) or not await is_execution_allowed(policy, context, call):
-        return _as_denied(sanitized, policy.denied_output)
-    if part.get("state") == "output-error":
-        sanitized["errorText"] = format_error(policy, str(part.get("errorText", "")), context, call)
-    return sanitized
+        return _as_denied(sanitized, policy.denied_output), None
+    return sanitized, (policy, call)
 
 
 def _as_denied(part: dict[str, Any], denied_output: Any) -> dict[str, Any]:
