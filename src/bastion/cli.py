@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--port", type=int, help="port to listen on (default 8000, or BASTION_PORT)")
         command.add_argument("--data-dir", type=Path, help="where local state lives (default .bastion)")
     args = parser.parse_args(argv)
+    # The embedded database's helper library warns about a runtime directory it does not need here.
+    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     from bastion.assistant.config import AssistantConfig

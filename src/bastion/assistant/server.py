@@ -128,7 +128,6 @@ async def serve(config: AssistantConfig, *, progress: Progress) -> None:
     async with running_assistant(config, progress=progress) as running:
         if running.app.demo:
             logger.warning(DEMO_NOTICE)
-            progress(DEMO_NOTICE)
         if running.app.development_sign_in is not None:
             progress("Development sign-in is on: pick any user name on the page (this machine only).")
         progress(f"bastion assistant at {config.base_url}/  (Ctrl+C to stop)")
