@@ -9,7 +9,9 @@ so the harness's own queries (run in the `postgres` database) never count:
 - WAL bytes per turn: the write-ahead log the system's statements generated (`wal_bytes`), the bytes
   Postgres must write durably for the turn. `full_page_writes` is off for the run so that whole-page
   images after each checkpoint do not add noise that depends on checkpoint timing.
-- rows written per turn: rows affected by INSERT, UPDATE, DELETE and MERGE statements.
+- rows written per turn: rows affected by INSERT, UPDATE, DELETE and MERGE statements, also those run
+  inside a function (`pg_stat_statements.track = all`; bastion writes a turn through SQL functions).
+  Statements and WAL count top-level statements only, whose figures include what they call.
 
 Postgres CPU is the user plus system time of the server and its backends, from /proc.
 """
@@ -29,10 +31,11 @@ _SETTINGS = {
     "shared_preload_libraries": "pg_stat_statements",
     "full_page_writes": "off",
     "max_connections": "200",
+    "pg_stat_statements.track": "all",
 }
 _SNAPSHOT = """
-select coalesce(sum(s.calls), 0)::bigint,
-       coalesce(sum(s.wal_bytes), 0)::bigint,
+select coalesce(sum(s.calls) filter (where s.toplevel), 0)::bigint,
+       coalesce(sum(s.wal_bytes) filter (where s.toplevel), 0)::bigint,
        coalesce(sum(s.rows) filter (where s.query ~* '^\\s*(insert|update|delete|merge)'), 0)::bigint
 from pg_stat_statements s join pg_database d on d.oid = s.dbid
 where d.datname = %s

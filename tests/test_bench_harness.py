@@ -1,13 +1,16 @@
 """The peer benchmark's harness: its verifier refuses broken turns, its figures and report are right,
-and the limit system runs end to end through it. Needs only bastion's own dependencies."""
+the limit system runs end to end through it, and bastion's full stack serves verified turns that it
+claims and saves (on the tests' embedded Postgres). Needs only bastion's own dependencies."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psycopg
 import pytest
 
 from bench.client import HttpResponse
@@ -18,6 +21,8 @@ from bench.servers import SystemServer
 from bench.stats import Spread, cell_figures, cpu_split, percentile
 from bench.systems import ClientConfig, ServerConfig, load_system
 from bench.systems.limit import turn_events
+from bench.tokens import SUPABASE_URL, signing_project
+from tests.conftest import MigratedDatabase
 
 WORDS = 5
 STREAM_HEADERS = {"content-type": "text/event-stream"}
@@ -189,3 +194,84 @@ async def test_a_system_whose_turns_fail_verification_is_counted_as_failing(tmp_
         server.stop()
     assert failing.turns == 0 and failing.latencies == []
     assert len(failing.failures) == 4 and "expected 4" in failing.failures[0]
+
+
+def bastion_server(migrated_database: MigratedDatabase, tmp_path: Path) -> tuple[SystemServer, ClientConfig]:
+    project = signing_project()
+    config = ServerConfig(
+        database_url=migrated_database.admin_dsn, supabase_url=SUPABASE_URL, jwks=project.jwks
+    )
+    server = SystemServer("bastion", config, tmp_path)
+    server.wait_ready()
+    return server, ClientConfig(bearer_token=project.token)
+
+
+def admin_rows(migrated_database: MigratedDatabase, query: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(migrated_database.admin_dsn) as connection:
+        return connection.execute(query).fetchall()
+
+
+async def test_bastion_runs_conversations_through_its_claim_tool_claim_and_save(
+    migrated_database: MigratedDatabase, tmp_path: Path
+) -> None:
+    bastion = load_system("bastion")
+    server, client = bastion_server(migrated_database, tmp_path)
+    chats: list[str] = []
+    recording: Any = SimpleNamespace(
+        build_request=lambda chat_id, messages, config: (
+            chats.append(chat_id) or bastion.build_request(chat_id, messages, config)
+        ),
+        verify_stream=bastion.verify_stream,
+    )
+    try:
+        batch = Batch("bastion", Cell("conversation", 1, WORDS), round=1)
+        options = Options(systems=["bastion"], min_turns=3, conversation_turns=3)
+        await run_cell(recording, server.port, batch.cell, client, options=options, batch=batch)
+    finally:
+        server.stop()
+    assert batch.failures == [] and batch.turns == 3 and batch.deltas == 3 * WORDS
+    chat_id = str(uuid.UUID(chats[0]))
+    messages = admin_rows(
+        migrated_database,
+        f"select role from bastion.messages where conversation_id = '{chat_id}' order by seq",
+    )
+    assert [role for (role,) in messages] == ["user", "assistant"] * 3
+    runs = admin_rows(
+        migrated_database, f"select status from bastion.runs where conversation_id = '{chat_id}'"
+    )
+    assert sorted(status for (status,) in runs) == ["completed"] * 3
+    tools = admin_rows(
+        migrated_database,
+        f"select tool_call_id, status from bastion.tool_executions where conversation_id = '{chat_id}'",
+    )
+    assert sorted(tools) == [("call-1", "completed"), ("call-2", "completed"), ("call-3", "completed")]
+
+
+async def test_bastion_refuses_a_history_that_is_not_what_it_streamed(
+    migrated_database: MigratedDatabase, tmp_path: Path
+) -> None:
+    bastion = load_system("bastion")
+    server, client = bastion_server(migrated_database, tmp_path)
+
+    def tampered(response: HttpResponse, *, words: int) -> Any:
+        verified = bastion.verify_stream(response, words=words)
+        verified.message["parts"][-1]["text"] = "something the server never said"
+        return verified
+
+    lying: Any = SimpleNamespace(build_request=bastion.build_request, verify_stream=tampered)
+    try:
+        batch = Batch("bastion", Cell("conversation", 1, WORDS), round=1)
+        options = Options(systems=["bastion"], min_turns=2, conversation_turns=2)
+        await run_cell(lying, server.port, batch.cell, client, options=options, batch=batch)
+    finally:
+        server.stop()
+    assert batch.turns == 1
+    assert len(batch.failures) == 1 and "status 409" in batch.failures[0]
+
+
+def test_the_bastion_client_sends_the_token_and_the_whole_history() -> None:
+    bastion = load_system("bastion")
+    history = [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]
+    request = bastion.build_request("c1", history, ClientConfig(bearer_token="token-1"))
+    assert request.headers == {"authorization": "Bearer token-1"}
+    assert json.loads(request.body) == {"id": "c1", "messages": history, "trigger": "submit-message"}

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any, Final
 
 SYSTEMS: Final[dict[str, str]] = {
+    "bastion": "bench.systems.bastion",
     "bastion-nopersist": "bench.systems.bastion_nopersist",
     "pydantic-ai-adapter": "bench.systems.pydantic_ai_adapter",
     "langgraph-pg": "bench.systems.langgraph_pg",

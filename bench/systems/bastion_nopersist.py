@@ -1,8 +1,8 @@
-"""bastion as it stands: token verification, `define_agent`, `session.stream` and the UI message stream.
+"""bastion without persistence: token verification, `define_agent`, `session.stream` and the UI stream.
 
-Not yet persisted: bastion's Postgres store is still being built, so this variant verifies the caller's
-token and runs the turn through bastion's loop and stream encoder, but claims and saves nothing. The
-persisted variant will sit beside it once `bastion.stores` lands.
+It verifies the caller's token and runs the turn through bastion's loop and stream encoder, but claims,
+saves and stores nothing; the row beside `bastion` (the full stack, `bench.systems.bastion`) shows what
+persistence costs.
 """
 
 from __future__ import annotations
