@@ -101,9 +101,8 @@ class AssistantApp:
         )
         session = None
         try:
-            session = await self.agent.prepare(
-                context=assistant_context, cancel=context.cancel, execute_tool=run.execute_tool
-            )
+            # A closed tab does not stop the run: the reply is finished and saved for the next visit.
+            session = await self.agent.prepare(context=assistant_context, execute_tool=run.execute_tool)
             result = await session.stream(model=self.active_model, messages=run.messages)
         except BaseException:
             if session is not None:
