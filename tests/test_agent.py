@@ -899,3 +899,19 @@ async def test_a_provider_error_propagates_from_the_stream() -> None:
     result = await session.stream(model=Broken(), messages=[user("hi")])
     with pytest.raises(ConnectionError):
         await collect(result)
+
+
+async def test_a_tool_whose_await_was_cancelled_elsewhere_fails_as_a_tool_error() -> None:
+    elsewhere: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    elsewhere.cancel()
+
+    async def waits(call: ToolCall) -> None:
+        await elsewhere
+
+    agent = define_agent(name="a", instructions="", tools=lambda ctx: [Tool(name="waits", execute=waits)])
+    model = ScriptedModel([Call("waits", {})], ["It failed."])
+    _, result, chunks = await run_turn(agent, model, [user("hi")])
+    [error] = [chunk for chunk in chunks if chunk["type"] == "tool-output-error"]
+    assert error["errorText"] == "Tool execution failed."
+    assert text_of(chunks) == "It failed."
+    assert not result.cancelled

@@ -761,3 +761,15 @@ async def test_partial_tool_input_is_parsed_as_the_ai_7_client_parses_it(server:
     states = await run_chat("7", server.url, [send("Plan")])
     assert_client_matches_server(states, server)
     assert server.finished[0][0]["parts"][-1]["input"] == json.loads(document)
+
+
+async def test_a_cancellation_raised_inside_the_turn_still_settles_as_failed(server: StreamServer) -> None:
+    class CancelledInside(ScriptedResult):
+        async def __aiter__(self) -> AsyncIterator[Chunk]:
+            yield {"type": "start-step"}
+            raise asyncio.CancelledError
+
+    server.serve(CancelledInside([]))
+    response = await post(server, [user("hi")])
+    assert types(response)[-3:] == ["error", "finish", "[DONE]"]
+    assert server.settled == ["failed"]

@@ -370,6 +370,12 @@ class AgentStreamResult:
             raise
         except ToolError as error:
             return self._error(item, call, error.message)
+        except asyncio.CancelledError:
+            if _this_task_is_cancelled():
+                raise
+            # A tool awaiting something that another task cancelled: its failure, not the turn's.
+            logger.exception("Tool %s was cancelled from elsewhere.", call.tool_name)
+            return self._error(item, call, GENERIC_TOOL_ERROR)
         except Exception:
             logger.exception("Tool %s failed.", call.tool_name)
             return self._error(item, call, GENERIC_TOOL_ERROR)
@@ -432,6 +438,11 @@ class _StepOutcome:
                 tool_name=part.tool_name, content=message, tool_call_id=part.tool_call_id, outcome="retried"
             )
         )
+
+
+def _this_task_is_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _input_error(part: ToolCallPart, raw_input: Any, error_text: str, dynamic: bool) -> Chunk:

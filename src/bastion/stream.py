@@ -208,7 +208,9 @@ class _Turn:
                 wire, parsed = to_client_json(chunk)
                 self._assembler.apply(parsed)
                 self._send(b"data: " + wire.encode() + b"\n\n")
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            # The turn runs shielded in its own task: a cancellation reaching here came from inside the
+            # turn (a tool or a hook), and the turn still has to settle.
             logger.exception("The agent turn failed.")
             aclose = getattr(iterator, "aclose", None)
             if aclose is not None:
@@ -236,8 +238,8 @@ class _Turn:
                 logger.exception("Settling the agent turn failed.")
         return status
 
-    def _error_text(self, exc: Exception) -> str:
-        if self._on_error is None:
+    def _error_text(self, exc: BaseException) -> str:
+        if self._on_error is None or not isinstance(exc, Exception):
             return DEFAULT_ERROR_TEXT
         try:
             text = self._on_error(exc)
