@@ -402,3 +402,32 @@ async def test_a_refused_mcp_credential_is_a_clear_error_before_the_stream(
     assert response.status_code == 403
     assert response.json()["code"] == "authorization_required"
     assert "expired" not in response.text and mcp.url not in response.text
+
+
+async def test_development_sign_in_refuses_a_foreign_host_name(served: Served) -> None:
+    port = served.config.port
+    rebound = await served.client.post(
+        f"{served.url}/auth/dev/token", json={"user": "alice"}, headers={"Host": f"evil.example:{port}"}
+    )
+    assert rebound.status_code == 400
+    assert rebound.json()["code"] == "invalid_host"
+    assert "alice" not in rebound.text
+    listed = await served.client.get(
+        f"{served.url}/api/conversations",
+        headers={**(await served.sign_in("alice")), "Host": f"evil.example:{port}"},
+    )
+    assert listed.status_code == 400
+
+
+async def test_development_sign_in_needs_a_json_request(served: Served) -> None:
+    response = await served.client.post(
+        f"{served.url}/auth/dev/token", content=b'{"user": "alice"}', headers={"Content-Type": "text/plain"}
+    )
+    assert response.status_code == 400
+    assert "application/json" in response.json()["message"]
+
+
+async def test_the_page_cannot_be_framed(served: Served) -> None:
+    page = await served.client.get(f"{served.url}/")
+    assert page.headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]

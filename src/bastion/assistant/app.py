@@ -15,8 +15,10 @@ from importlib import resources
 from typing import Any
 
 from pydantic_ai.models import Model
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bastion import AgentTools, start_agent_run
 from bastion.assistant.agent import AssistantContext, assistant_agent
@@ -42,6 +44,7 @@ logger = logging.getLogger("bastion.assistant")
 
 TRIGGERS = frozenset({"submit-message", "regenerate-message"})
 TITLE_LENGTH = 80
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css"}
 
 
@@ -66,8 +69,17 @@ class AssistantApp:
 
     def asgi(self, *, lifespan: Any = None) -> Any:
         verifier = TokenVerifier(self.env)
+        middleware = []
+        if self.development_sign_in is not None:
+            # Development tokens are free for the asking, so only this machine's own names may ask: a web
+            # page that rebinds its domain to 127.0.0.1 still sends its own Host and is refused.
+            middleware.append(Middleware(LoopbackHostOnly))
         return create_agent_worker(
-            env=self.env, routes=build_routes(self), verifier=verifier, lifespan=lifespan
+            env=self.env,
+            routes=build_routes(self),
+            verifier=verifier,
+            lifespan=lifespan,
+            middleware=middleware,
         )
 
     # Chat
@@ -164,6 +176,8 @@ class AssistantApp:
         """Issue a development token for a user name (loopback only)."""
         if self.development_sign_in is None or not _from_loopback(request):
             raise NotFoundError()
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            raise InvalidRequestError("Send the user name as JSON (Content-Type: application/json).")
         body = await json_body(request)
         user = body.get("user")
         if not isinstance(user, str):
@@ -188,6 +202,36 @@ class AssistantApp:
     async def static(self, request: Request, context: RequestContext) -> Response:
         """The chat page's assets."""
         return _static(str(context.params.get("name", "")))
+
+
+class LoopbackHostOnly:
+    """Refuses requests whose Host is not a loopback name, with the JSON error every route uses."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and _host_name(Request(scope).headers.get("host", "")) not in LOOPBACK_HOSTS
+        ):
+            response = JSONResponse(
+                {
+                    "code": "invalid_host",
+                    "message": "Development sign-in only answers requests sent to 127.0.0.1 or localhost.",
+                },
+                status_code=400,
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _host_name(host: str) -> str:
+    """The name part of a Host header (`[::1]:8000` → `[::1]`, `localhost:8000` → `localhost`)."""
+    if host.startswith("["):
+        return host[: host.find("]") + 1]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 def build_routes(app: AssistantApp) -> list[Route]:
@@ -254,5 +298,10 @@ def _static(name: str) -> Response:
     return Response(
         asset.read_bytes(),
         media_type=STATIC_TYPES[suffix],
-        headers={"cache-control": "no-cache", "x-content-type-options": "nosniff"},
+        headers={
+            "cache-control": "no-cache",
+            "x-content-type-options": "nosniff",
+            "x-frame-options": "DENY",
+            "content-security-policy": "frame-ancestors 'none'",
+        },
     )
