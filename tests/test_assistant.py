@@ -19,8 +19,10 @@ import pytest
 import uvicorn
 
 from bastion.assistant.config import AssistantConfig
+from bastion.assistant.database import Database, migrate
+from bastion.assistant.notes import PostgresNoteBook
 from bastion.assistant.server import running_assistant
-from bastion.stores import apply_migrations
+from bastion.stores import PostgresStore, StoreIdentity, apply_migrations
 from bastion.worker import Route
 from tests.ai_sdk import ai_sdk_dir, approve, run_chat, send
 from tests.mcp_servers import Behavior, serve_mcp
@@ -431,3 +433,23 @@ async def test_the_page_cannot_be_framed(served: Served) -> None:
     page = await served.client.get(f"{served.url}/")
     assert page.headers["x-frame-options"] == "DENY"
     assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+
+
+async def test_notes_are_saved_once_per_call_and_kept_apart_by_conversation_and_tenant(
+    pg_cluster: PostgresCluster,
+) -> None:
+    database = pg_cluster.database("notes")
+    await migrate(Database(app_conninfo=pg_cluster.dsn(database), admin_conninfo=pg_cluster.dsn(database)))
+    pg_cluster.create_login_roles()
+    user = str(uuid.uuid4())
+    async with await PostgresStore.open(pg_cluster.dsn(database, user="bastion_app")) as store:
+        home = PostgresNoteBook(store, StoreIdentity(user_id=user, tenant_id="home"))
+        work = PostgresNoteBook(store, StoreIdentity(user_id=user, tenant_id="work"))
+        first = await home.add("launch is Friday", idempotency_key="conversation-a:call_0")
+        again = await home.add("launch is Friday", idempotency_key="conversation-a:call_0")
+        other = await home.add("dentist on Monday", idempotency_key="conversation-b:call_0")
+        elsewhere = await work.add("quarterly review", idempotency_key="conversation-a:call_0")
+        assert again == first
+        assert other["text"] == "dentist on Monday"
+        assert [note["text"] for note in await home.list()] == ["dentist on Monday", "launch is Friday"]
+        assert [note["text"] for note in await work.list()] == [elsewhere["text"]]

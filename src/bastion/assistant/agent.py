@@ -47,6 +47,7 @@ class AssistantContext:
     """The trusted context of one turn, built by the server from the verified token."""
 
     principal: Principal
+    conversation_id: str
     notes: NoteBook
     remote_tools: Callable[[], Awaitable[AgentTools]] | None = field(default=None, repr=False)
 
@@ -77,7 +78,8 @@ def _local_tools(context: AssistantContext) -> list[Tool]:
             raise ToolError("A note needs some text.")
         if len(text) > MAX_NOTE_LENGTH:
             raise ToolError(f"A note can be at most {MAX_NOTE_LENGTH} characters.")
-        return await context.notes.add(text, idempotency_key=call.tool_call_id)
+        # Call ids are unique within a conversation only; some providers reuse `call_0` everywhere.
+        return await context.notes.add(text, idempotency_key=f"{context.conversation_id}:{call.tool_call_id}")
 
     return [get_identity, list_notes, save_note]
 

@@ -108,6 +108,7 @@ class AssistantApp:
             )
         assistant_context = AssistantContext(
             principal=principal,
+            conversation_id=conversation_id,
             notes=PostgresNoteBook(self.store, identity),
             remote_tools=self.remote_tools(principal) if self.remote_tools is not None else None,
         )

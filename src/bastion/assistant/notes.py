@@ -15,7 +15,7 @@ select id::text, body, created_at from assistant.notes order by created_at desc,
 _ADD = """
 with inserted as (
   insert into assistant.notes (body, idempotency_key) values (%(body)s, %(key)s)
-  on conflict (owner_id, idempotency_key) do nothing
+  on conflict (owner_id, tenant_id, idempotency_key) do nothing
   returning id, body, created_at
 )
 select id::text, body, created_at from inserted

@@ -10,7 +10,7 @@ create table assistant.notes (
   body text not null check (char_length(body) between 1 and 2000),
   idempotency_key text not null check (char_length(idempotency_key) between 1 and 200),
   created_at timestamptz not null default now(),
-  unique (owner_id, idempotency_key)
+  unique nulls not distinct (owner_id, tenant_id, idempotency_key)
 );
 create index notes_owner_recent on assistant.notes (owner_id, created_at desc);
 
