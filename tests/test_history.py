@@ -14,6 +14,7 @@ from bastion.history import AgentHistoryConflictError, reconcile_agent_messages
 
 Message = dict[str, Any]
 SUBMIT = "submit-message"
+FILE_URL = "data:text/plain;base64,aGk="
 REGENERATE = "regenerate-message"
 
 USER: Message = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "Upgrade my plan"}]}
@@ -220,10 +221,12 @@ FORGED: dict[str, Callable[[], tuple[list[Any], Any, str]]] = {
         set_key("parts", [{"type": "file", "mediaType": "text/plain"}])
     ),
     "new user file with a non-string name": lambda: forged_new_user(
-        set_key("parts", [{"type": "file", "mediaType": "text/plain", "url": "data:,x", "filename": 1}])
+        set_key(
+            "parts", [{"type": "file", "mediaType": "text/plain", "url": "data:;base64,eA==", "filename": 1}]
+        )
     ),
     "new user file with an extra field": lambda: forged_new_user(
-        set_key("parts", [{"type": "file", "mediaType": "text/plain", "url": "data:,x", "size": 1}])
+        set_key("parts", [{"type": "file", "mediaType": "text/plain", "url": FILE_URL, "size": 1}])
     ),
     "system message appended": lambda: forged_new_user(set_key("role", "system")),
     "system message alone": lambda: ([], [{**USER, "role": "system"}], SUBMIT),
@@ -317,10 +320,35 @@ async def test_first_message_of_a_conversation_is_accepted() -> None:
 async def test_new_message_may_carry_file_parts() -> None:
     files = [
         {"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,AA=="},
-        {"type": "file", "mediaType": "text/plain", "url": "data:,hi", "filename": "note.txt"},
+        {
+            "type": "file",
+            "mediaType": "text/plain",
+            "url": "data:text/plain;base64,aGk=",
+            "filename": "note.txt",
+        },
+        {"type": "file", "mediaType": "application/pdf", "url": "https://files.example/report.pdf"},
     ]
     message = {**NEXT, "parts": [*NEXT["parts"], *files]}
     assert await reconcile_agent_messages([], [message], trigger=SUBMIT) == [message]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "data:,hi",
+        "data:text/plain;base64,not base64!",
+        "data:text/plain;base64",
+        "file:///etc/passwd",
+        "ftp://files.example/x",
+        "https://",
+        "https://files.example/a b",
+        "javascript:alert(1)",
+    ],
+)
+async def test_a_file_the_model_layer_cannot_read_is_refused_before_it_is_stored(url: str) -> None:
+    message = {**NEXT, "parts": [{"type": "file", "mediaType": "text/plain", "url": url}]}
+    with pytest.raises(AgentHistoryConflictError):
+        await reconcile_agent_messages([], [message], trigger=SUBMIT)
 
 
 async def test_new_message_after_a_pending_approval_leaves_the_request_unanswered() -> None:

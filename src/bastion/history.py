@@ -29,6 +29,8 @@ approvals are accepted, and the caller must enforce that the responder owns the 
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Final, NoReturn, TypeVar, overload
 
@@ -238,9 +240,25 @@ def _user_part(part: dict[str, Any]) -> dict[str, str]:
         and part.keys() <= _FILE_PART_KEYS
         and {"mediaType", "url"} <= part.keys()
         and all(isinstance(value, str) for value in part.values())
+        and _is_file_url(part["url"])
     ):
         return dict(part)
     _conflict()
+
+
+def _is_file_url(url: str) -> bool:
+    """An http(s) address or a base64 data URL: what the model layer can turn into content."""
+    if url.startswith("data:"):
+        header, separator, data = url.partition(",")
+        if not separator or not header.endswith(";base64"):
+            return False
+        try:
+            base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        return True
+    scheme, _, rest = url.partition("://")
+    return scheme in ("http", "https") and bool(rest) and not any(char.isspace() for char in url)
 
 
 def _answer_approvals(
