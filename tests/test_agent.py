@@ -915,3 +915,12 @@ async def test_a_tool_whose_await_was_cancelled_elsewhere_fails_as_a_tool_error(
     assert error["errorText"] == "Tool execution failed."
     assert text_of(chunks) == "It failed."
     assert not result.cancelled
+
+
+async def test_a_stored_file_the_model_layer_cannot_read_is_left_out_instead_of_failing_the_turn() -> None:
+    agent = define_agent(name="a", instructions="")
+    model = ScriptedModel(["ok"])
+    broken = {"type": "file", "mediaType": "text/plain", "url": "data:text/plain,not-base64"}
+    message = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "see file"}, broken]}
+    await run_turn(agent, model, [message])
+    assert "see file" in everything_the_model_saw(model)

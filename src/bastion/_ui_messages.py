@@ -90,8 +90,9 @@ def _user_content(parts: Sequence[Mapping[str, Any]]) -> list[UserContent]:
         if kind == "text" and isinstance(part.get("text"), str):
             content.append(part["text"])
         elif kind == "file" and isinstance(part.get("url"), str):
+            media_type = str(part.get("mediaType", "application/octet-stream"))
             try:
-                content.append(_file_content(part["url"], str(part.get("mediaType", "application/octet-stream"))))
+                content.append(_file_content(part["url"], media_type))
             except ValueError:
                 # Stored before files were checked, or written by another application: leave it out
                 # rather than make every later turn of the conversation fail.
