@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from bastion.auth import Principal
 from bastion.credentials import (
     ConnectionAuthorizationFailedError,
     ConnectionAuthorizationRequiredError,
@@ -169,6 +170,24 @@ async def test_a_user_owned_connection_sends_the_signed_in_users_credential() ->
     auth = credential_auth(provider=provider, ref=USER_REF, owner="user", connection="Linear")
     assert await auth(Ctx("alice")) == {"Authorization": "Bearer alice-token"}
     assert await auth(Ctx("bob")) == {"Authorization": "Bearer bob-token"}
+
+
+async def test_a_verified_principal_is_found_as_the_user_without_configuration() -> None:
+    provider = InMemoryCredentialProvider()
+    await provider.put(USER_REF, "alice-token", owner_id="alice")
+    auth = credential_auth(provider=provider, ref=USER_REF, owner="user", connection="Linear")
+    principal = Principal(
+        id="alice",
+        role="authenticated",
+        email=None,
+        is_anonymous=False,
+        aal=None,
+        session_id=None,
+        tenant_id=None,
+        roles=(),
+        claims={},
+    )
+    assert await auth(principal) == {"Authorization": "Bearer alice-token"}
 
 
 async def test_the_user_can_be_found_with_an_application_function() -> None:

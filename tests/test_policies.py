@@ -851,3 +851,10 @@ async def test_error_for_model_does_not_mutate_the_part() -> None:
 )
 def test_tool_part_name_reads_static_and_dynamic_tool_parts(part: dict[str, Any], name: str | None) -> None:
     assert tool_part_name(part) == name
+
+
+@pytest.mark.parametrize("misused", [None, 0])
+async def test_a_misused_approval_value_still_requires_approval(misused: Any) -> None:
+    policy: ToolPolicy[Ctx] = ToolPolicy(needs_approval=misused)
+    [guarded] = with_tool_policy([make_tool()], context=CONTEXT, policies={"transfer": policy})
+    assert await tool_requires_approval(guarded, ToolCall(tool_name="transfer", input={}, tool_call_id="c1"))

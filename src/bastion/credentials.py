@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar, overload, runtime_checkable
 
+from bastion.auth import Principal
+
 __all__ = [
     "ConnectionAuthorizationFailedError",
     "ConnectionAuthorizationRequiredError",
@@ -246,7 +248,9 @@ class InMemoryCredentialProvider:
 
 
 def _user_id_of(context: Any) -> str | None:
-    """The default way to find the signed-in user: a `user_id` attribute or mapping key."""
+    """The default way to find the signed-in user: a verified `Principal`, or a `user_id` attribute or key."""
+    if isinstance(context, Principal):
+        return context.id
     value = context.get("user_id") if isinstance(context, Mapping) else getattr(context, "user_id", None)
     return value if isinstance(value, str) and value else None
 

@@ -213,7 +213,9 @@ def guard_tool(item: Tool, policy: ToolPolicy[ContextT], context: ContextT) -> T
     return replace(
         item,
         execute=execute if original_execute is not None else None,
-        needs_approval=needs_approval if (own_approval is not False or policy.needs_approval) else False,
+        needs_approval=needs_approval
+        if own_approval is not False or policy.needs_approval is not False
+        else False,
         model_projection=model_projection,
         error_format=error_format,
     )
