@@ -453,3 +453,23 @@ async def test_notes_are_saved_once_per_call_and_kept_apart_by_conversation_and_
         assert other["text"] == "dentist on Monday"
         assert [note["text"] for note in await home.list()] == ["dentist on Monday", "launch is Friday"]
         assert [note["text"] for note in await work.list()] == [elsewhere["text"]]
+
+
+async def test_a_conversation_created_first_takes_its_first_message(served: Served) -> None:
+    headers = await served.sign_in("ada")
+    created = await served.client.post(
+        f"{served.url}/api/conversations", json={"title": "Plans"}, headers=headers
+    )
+    conversation = created.json()["id"]
+    response = await chat(served, headers, conversation, [user_message("hello")])
+    assert response.status_code == 200
+    listed = await served.client.get(f"{served.url}/api/conversations", headers=headers)
+    assert [(c["id"], c["title"]) for c in listed.json()["conversations"]] == [(conversation, "Plans")]
+
+
+async def test_a_chat_on_an_unknown_id_with_history_is_not_found(served: Served) -> None:
+    headers = await served.sign_in("ada")
+    history = [user_message("earlier"), user_message("now")]
+    response = await chat(served, headers, str(uuid.uuid4()), history)
+    assert response.status_code == 404
+    assert response.json()["code"] == "not_found"

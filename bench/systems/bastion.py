@@ -6,9 +6,9 @@ the browser's messages with the stored conversation (one transaction, two round 
 through `run.execute_tool` (claimed before it runs, one round trip), and `run.finish` saves the
 response message and releases the claim (one round trip) before the `finish` chunk.
 
-New conversations are created in the request path, as the assistant does: a chat on an id the store
-does not know fails to claim (not found), creates the conversation for the caller and claims again.
-That first turn therefore pays three more round trips than a later one; both are in the timed part.
+New conversations are created in the request path, as the assistant does: a conversation's first
+message creates it for the caller, then the turn is claimed. That first turn pays one more round trip
+than a later one; both are in the timed part.
 
 Postgres is reached as `bastion_app`, a login role without BYPASSRLS that is a member of
 `authenticated` and `bastion_runtime`, so row-level security and the turn functions' own checks run as
@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,6 @@ from bastion._ui_assembly import UIMessageAssembler
 from bastion.auth import Principal, SupabaseEnv
 from bastion.stores import (
     InvalidInputError,
-    NotFoundError,
     PostgresAgentPersistence,
     PostgresStore,
     StoreIdentity,
@@ -101,22 +100,16 @@ class ChatTurns:
     model: Any
 
     async def claim(self, principal: Principal, chat_id: str, messages: list[Any], trigger: str) -> Any:
-        """Claim the turn; a chat on an id nobody has yet creates the conversation first (the assistant's
-        path), so the first turn of a conversation costs one failed claim and one insert more."""
+        """Claim the turn; a conversation's first message creates it first (the assistant's path), so
+        that turn costs one insert more."""
         identity = StoreIdentity.from_principal(principal)
         turn = TurnContext(identity=identity, conversation_id=chat_id, request_id=str(uuid.uuid4()))
-        try:
-            return await start_agent_run(
-                persistence=self.persistence, context=turn, messages=messages, trigger=trigger
-            )
-        except NotFoundError:
-            try:
+        if len(messages) == 1:
+            with suppress(InvalidInputError):
                 await self.store.create_conversation(identity, conversation_id=chat_id)
-            except InvalidInputError:
-                raise NotFoundError() from None
-            return await start_agent_run(
-                persistence=self.persistence, context=turn, messages=messages, trigger=trigger
-            )
+        return await start_agent_run(
+            persistence=self.persistence, context=turn, messages=messages, trigger=trigger
+        )
 
     async def chat(self, request: Request, context: RequestContext) -> Response:
         assert context.principal is not None

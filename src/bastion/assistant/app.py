@@ -6,6 +6,7 @@ every error is JSON with a stable code.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import uuid
@@ -97,15 +98,11 @@ class AssistantApp:
             raise InvalidRequestError("messages must be a non-empty list of UI messages.")
         identity = StoreIdentity.from_principal(principal)
         turn = TurnContext(identity=identity, conversation_id=conversation_id, request_id=str(uuid.uuid4()))
-        try:
-            run = await start_agent_run(
-                persistence=self.persistence, context=turn, messages=messages, trigger=trigger
-            )
-        except NotFoundError:
+        if len(messages) == 1:
             await self._create_for_chat(identity, conversation_id, messages)
-            run = await start_agent_run(
-                persistence=self.persistence, context=turn, messages=messages, trigger=trigger
-            )
+        run = await start_agent_run(
+            persistence=self.persistence, context=turn, messages=messages, trigger=trigger
+        )
         assistant_context = AssistantContext(
             principal=principal,
             conversation_id=conversation_id,
@@ -139,13 +136,13 @@ class AssistantApp:
     async def _create_for_chat(
         self, identity: StoreIdentity, conversation_id: str, messages: list[Any]
     ) -> None:
-        """A chat on an id nobody has yet starts a conversation for the caller; anyone else's stays 404."""
-        try:
+        """A conversation's first message (the AI SDK client sends one message then) creates it for the
+        caller. An id that is taken is left alone: the claim that follows finds the caller's own
+        conversation, and answers 404 for anyone else's."""
+        with contextlib.suppress(InvalidInputError):
             await self.store.create_conversation(
                 identity, conversation_id=conversation_id, title=_title_from(messages)
             )
-        except InvalidInputError:
-            raise NotFoundError() from None
 
     # Public routes
 

@@ -89,12 +89,12 @@ async function loadConversations() {
   state.conversations = (await response.json()).conversations;
 }
 
-async function newConversation(title) {
-  const body = title ? { title: title.slice(0, 80) } : {};
-  const response = await api('/api/conversations', { method: 'POST', body: JSON.stringify(body) });
-  const conversation = await response.json();
-  state.conversations.unshift(conversation);
-  await openConversation(conversation.id);
+// A conversation is created by its first message, under an id chosen here (as the AI SDK client does).
+function startConversation() {
+  state.current = crypto.randomUUID();
+  state.messages = [];
+  history.replaceState(null, '', `#${state.current}`);
+  render();
 }
 
 async function openConversation(id) {
@@ -240,7 +240,7 @@ async function send(event) {
   const text = input.value.trim();
   if (!text || state.busy) return;
   showError('');
-  if (!state.current) await newConversation(text);
+  if (!state.current) startConversation();
   input.value = '';
   state.messages.push({ id: crypto.randomUUID(), role: 'user', parts: [{ type: 'text', text }] });
   await submit();
@@ -344,7 +344,7 @@ async function showServerInfo() {
 window.addEventListener('DOMContentLoaded', () => {
   $('#sign-in-form').addEventListener('submit', signIn);
   $('#composer').addEventListener('submit', send);
-  $('#new').addEventListener('click', () => newConversation(null).catch(error => showError(error.message)));
+  $('#new').addEventListener('click', startConversation);
   $('#sign-out').addEventListener('click', signOut);
   showServerInfo();
   start();
