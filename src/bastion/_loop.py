@@ -105,7 +105,6 @@ class AgentStreamResult:
         self.finish_reason: str | None = None
         self.cancelled = False
         self.messages: list[ModelMessage] = plan.history.messages
-        self.model_requests = 0
 
     def __aiter__(self) -> AsyncIterator[Chunk]:
         if self._started:
@@ -172,7 +171,6 @@ class AgentStreamResult:
     async def _model_step(
         self, step: int, parameters: ModelRequestParameters, calls: list[ToolCallPart]
     ) -> AsyncIterator[Chunk]:
-        self.model_requests += 1
         open_parts: dict[int, Chunk] = {}
         async with model_request_stream(
             self._model,
