@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from pydantic_ai.messages import ModelRequest, ToolReturnPart
+from pydantic_ai.messages import ModelRequest, NativeToolCallPart, NativeToolReturnPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.native_tools import WebSearchTool
 
 from bastion import (
     AgentCancelledError,
@@ -924,3 +926,24 @@ async def test_a_stored_file_the_model_layer_cannot_read_is_left_out_instead_of_
     message = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "see file"}, broken]}
     await run_turn(agent, model, [message])
     assert "see file" in everything_the_model_saw(model)
+
+
+async def test_a_provider_executed_tool_is_streamed_but_never_run_here() -> None:
+    async def search_then_answer(messages: list[Any], info: AgentInfo) -> AsyncIterator[Any]:
+        yield {
+            0: NativeToolCallPart(tool_name="web_search", args={"query": "bastion"}, tool_call_id="ws1"),
+            1: NativeToolReturnPart(tool_name="web_search", content={"results": ["a"]}, tool_call_id="ws1"),
+        }
+
+    search = Tool(name="web_search", native=WebSearchTool())
+    agent = define_agent(name="a", instructions="", tools=lambda ctx: [search])
+    session = await agent.prepare(context=Ctx("u1"))
+    result = await session.stream(
+        model=FunctionModel(stream_function=search_then_answer), messages=[user("hi")]
+    )
+    chunks = await collect(result)
+    shown = [chunk for chunk in chunks if chunk.get("providerExecuted")]
+    assert [chunk["type"] for chunk in shown] == ["tool-input-available", "tool-output-available"]
+    assert shown[0]["input"] == {"query": "bastion"}
+    assert shown[1]["output"] == {"results": ["a"]}
+    assert result.finish_reason == "stop"

@@ -21,6 +21,8 @@ from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
     ModelRequestPart,
+    NativeToolCallPart,
+    NativeToolReturnPart,
     PartDeltaEvent,
     PartEndEvent,
     PartStartEvent,
@@ -236,6 +238,26 @@ class AgentStreamResult:
             if part.content:
                 chunks.append({"type": "reasoning-delta", "id": part_id, "delta": part.content})
             return chunks
+        if isinstance(part, NativeToolCallPart):
+            # Run by the provider (web search, code execution): shown, never executed or guarded here.
+            return [
+                {
+                    "type": "tool-input-available",
+                    "toolCallId": part.tool_call_id,
+                    "toolName": part.tool_name,
+                    "input": to_jsonable_python(part.args_as_dict()),
+                    "providerExecuted": True,
+                }
+            ]
+        if isinstance(part, NativeToolReturnPart):
+            return [
+                {
+                    "type": "tool-output-available",
+                    "toolCallId": part.tool_call_id,
+                    "output": to_jsonable_python(part.content),
+                    "providerExecuted": True,
+                }
+            ]
         if isinstance(part, ToolCallPart):
             open_parts[event.index] = {"type": "tool", "toolCallId": part.tool_call_id}
             start: Chunk = {
