@@ -5,7 +5,7 @@ The application connects as a login role without BYPASSRLS (member of `authentic
 identity with `set_config(..., true)`, exactly as Supabase does, so the database itself decides what
 each user may read and write; nothing outlives the transaction on a pooled connection. Statements
 are pipelined: a transaction costs one round trip, or two when Python must look at a result in the
-middle (reconciling a turn).
+middle (reconciling a turn against a freshly loaded tail; see `PostgresAgentPersistence`).
 
 `PostgresStore` is the entity API (conversations, messages, feedback, events) and hands out
 `PostgresAgentPersistence`, the `AgentPersistence` implementation a turn runs through.
@@ -26,6 +26,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from bastion.approvals import CanRespondToApproval
+from bastion.history import AgentHistoryConflictError, reconcile_agent_messages
 from bastion.persistence import (
     AgentRunInactiveError,
     RunInput,
@@ -34,7 +35,17 @@ from bastion.persistence import (
     ToolOperation,
 )
 from bastion.stores._migrations import apply_migrations
+from bastion.stores._tail_cache import (
+    CachedTail,
+    TailCache,
+    TailKey,
+    claimed_tail,
+    finished_tail,
+    loaded_tail,
+    tail_key,
+)
 from bastion.stores._turns import (
+    HistoryWrites,
     TurnPersistence,
     approval_request_events,
     approval_response_events,
@@ -91,13 +102,23 @@ class PostgresStore:
 
     Open with `PostgresStore.open(conninfo_or_pool)`. Pass `prepare_threshold=None` behind a
     transaction-mode pooler (Supabase's), which cannot keep prepared statements. `admin_conninfo`
-    is the owner's connection, used only by `migrate()`.
+    is the owner's connection, used only by `migrate()`. `claim_cache_size` bounds how many
+    conversations' stored tails this process remembers to claim a later turn in one round trip
+    (0 remembers none).
     """
 
-    def __init__(self, pool: Pool, *, admin_conninfo: str | None = None, owns_pool: bool = False) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        admin_conninfo: str | None = None,
+        owns_pool: bool = False,
+        claim_cache_size: int = 256,
+    ) -> None:
         self._pool = pool
         self._admin_conninfo = admin_conninfo
         self._owns_pool = owns_pool
+        self._tails = TailCache(claim_cache_size)
 
     @classmethod
     async def open(
@@ -108,10 +129,11 @@ class PostgresStore:
         prepare_threshold: int | None = 5,
         min_size: int = 1,
         max_size: int = 10,
+        claim_cache_size: int = 256,
     ) -> PostgresStore:
         """A store over a connection string (opening its own pool) or an existing pool."""
         if not isinstance(conninfo, str):
-            return cls(conninfo, admin_conninfo=admin_conninfo)
+            return cls(conninfo, admin_conninfo=admin_conninfo, claim_cache_size=claim_cache_size)
         pool: Pool = AsyncConnectionPool(
             conninfo,
             min_size=min_size,
@@ -119,8 +141,9 @@ class PostgresStore:
             kwargs={"autocommit": True, "prepare_threshold": prepare_threshold},
             open=False,
         )
+        store = cls(pool, admin_conninfo=admin_conninfo, owns_pool=True, claim_cache_size=claim_cache_size)
         await pool.open(wait=True)
-        return cls(pool, admin_conninfo=admin_conninfo, owns_pool=True)
+        return store
 
     async def close(self) -> None:
         """Close the pool if this store opened it."""
@@ -323,7 +346,12 @@ class PostgresAgentPersistence(TurnPersistence):
 
     - `start_run` (two round trips, one transaction): lock the conversation without waiting, load
       its stored tail, reconcile the browser's messages, claim the turn and write what changed.
-      The model gets the last `history_window` messages of the canonical history.
+      The model gets the last `history_window` messages of the canonical history. A later turn
+      takes one round trip when this process remembers the tail its previous claim or finish left
+      (per identity and conversation): it reconciles against that tail, and the database claims
+      only if the revision is unchanged, the browser names no stored message the tail lacks, no
+      live run holds the conversation and the request id is new. A stale tail changes nothing and
+      costs a fresh load; any error forgets the tail.
     - `execute_tool` (one round trip): claim the call before its side effect; the results of this
       run's earlier calls are recorded in the same trip (or by `finish_run`).
     - `finish_run` (one round trip): fenced by run id and idempotent; appends (or replaces, when
@@ -347,8 +375,64 @@ class PostgresAgentPersistence(TurnPersistence):
             can_respond_to_approval=can_respond_to_approval,
         )
         self._store = store
+        self._tails = store._tails
 
     async def start_run(self, context: TurnContext, input: RunInput) -> RunStart[TurnState]:
+        key = tail_key(context.identity, context.conversation_id)
+        cached = self._tails.get(key)
+        try:
+            if cached is not None:
+                start = await self._claim_from_cache(context, input, key, cached)
+                if start is not None:
+                    return start
+            return await self._claim_after_load(context, input, key)
+        except BaseException:
+            self._tails.evict(key)
+            raise
+
+    async def _claim_from_cache(
+        self, context: TurnContext, input: RunInput, key: TailKey, cached: CachedTail
+    ) -> RunStart[TurnState] | None:
+        """One round trip: reconcile against the remembered tail, then claim only if it is still current.
+
+        Returns None when the remembered tail cannot serve this turn or turns out stale; the caller
+        then loads afresh, so a refusal here is never final (a forged window is refused there). No
+        callback runs here: a turn that answers approvals under a policy takes the locked path, so
+        the policy is asked once, while the stored history cannot change.
+        """
+        if not cached.covers_window(self._window):
+            return None
+        if context.expected_revision is not None and context.expected_revision != cached.revision:
+            return None
+        tail = list(cached.rows)
+        try:
+            history = await reconcile_agent_messages(
+                [message for _, message in tail], input.messages, trigger=input.trigger
+            )
+        except AgentHistoryConflictError:
+            return None
+        plan = plan_history_writes(tail, history, last_seq=cached.last_seq)
+        if self._can_respond is not None and _answers_approvals(plan):
+            return None
+        known = cached.ids()
+        uncached = [
+            message_id for message_id in browser_message_ids(input.messages) if message_id not in known
+        ]
+        run_id = str(uuid.uuid4())
+        with _database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                cursor = await self._execute_claim(
+                    conn, context, run_id, cached, plan, tail, history, uncached_ids=uncached
+                )
+            claimed = _single(await cursor.fetchone())
+        if claimed["outcome"] == "stale":
+            return None
+        return self._claimed(key, run_id, cached, plan, history, claimed)
+
+    async def _claim_after_load(
+        self, context: TurnContext, input: RunInput, key: TailKey
+    ) -> RunStart[TurnState]:
+        """Two round trips: load the stored tail under the conversation's lock, then claim."""
         run_id = str(uuid.uuid4())
         with _database_errors():
             async with self._store.transaction(context.identity) as conn:
@@ -369,26 +453,70 @@ class PostgresAgentPersistence(TurnPersistence):
                 if loaded["busy"] or loaded["repeated_request"] or stale:
                     raise TurnConflictError()
                 tail = [(seq, message) for seq, message in loaded["messages"]]
+                base = loaded_tail(revision, loaded["last_seq"], tail)
                 history = await self._reconcile([message for _, message in tail], input, context)
-                plan = plan_history_writes(tail, history, last_seq=loaded["last_seq"])
-                events = [run_event(run_id, "started"), *approval_response_events(tail, history)]
-                await conn.execute(
-                    "select bastion.start_turn(%s, %s, %s, %s, %s, %s, %s, %s)",
-                    (
-                        context.conversation_id,
-                        run_id,
-                        context.request_id,
-                        revision,
-                        self._lease_seconds,
-                        plan.truncate_after,
-                        Jsonb(plan.writes),
-                        Jsonb(events),
-                    ),
-                )
+                plan = plan_history_writes(tail, history, last_seq=base.last_seq)
+                cursor = await self._execute_claim(conn, context, run_id, base, plan, tail, history)
+            claimed = _single(await cursor.fetchone())
+        return self._claimed(key, run_id, base, plan, history, claimed)
+
+    async def _execute_claim(
+        self,
+        conn: Connection,
+        context: TurnContext,
+        run_id: str,
+        base: CachedTail,
+        plan: HistoryWrites,
+        tail: list[tuple[int, dict[str, Any]]],
+        history: list[dict[str, Any]],
+        *,
+        uncached_ids: list[str] | None = None,
+    ) -> psycopg.AsyncCursor[TupleRow]:
+        """Queue `bastion.claim_turn`: the writes of `plan`, if the conversation is still at `base`."""
+        events = [run_event(run_id, "started"), *approval_response_events(tail, history)]
+        return await conn.execute(
+            "select bastion.claim_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (
+                context.conversation_id,
+                run_id,
+                context.request_id,
+                base.revision,
+                uncached_ids or [],
+                self._lease_seconds,
+                plan.truncate_after,
+                Jsonb(plan.writes),
+                Jsonb(events),
+            ),
+        )
+
+    def _claimed(
+        self,
+        key: TailKey,
+        run_id: str,
+        base: CachedTail,
+        plan: HistoryWrites,
+        history: list[dict[str, Any]],
+        claimed: dict[str, Any],
+    ) -> RunStart[TurnState]:
+        """The started run, remembering the tail the claim left for the conversation's next turn."""
+        if claimed["outcome"] != "claimed":
+            raise TurnConflictError()
+        revision = claimed["revision"]
+        written_from = min((write["seq"] for write in plan.writes), default=None)
+        written = [(seq, message) for seq, message in claimed["rows"]]
+        after = claimed_tail(
+            base,
+            truncate_after=plan.truncate_after,
+            written_from=written_from,
+            revision=revision,
+            last_seq=claimed["last_seq"],
+            written=written,
+        )
+        self._tails.put(key, after)
         state = TurnState(
-            conversation_id=context.conversation_id,
+            conversation_id=key[2],
             run_id=run_id,
-            revision=revision + 1,
+            revision=revision,
             pending_approval_ids=pending_approval_ids(history),
         )
         return RunStart(messages=history[-self._window :], state=state)
@@ -402,21 +530,25 @@ class PostgresAgentPersistence(TurnPersistence):
         state.running_tool_calls.add(call_id)
         claimed = False
         try:
-            with _database_errors():
-                async with self._store.transaction(context.identity) as conn:
-                    cursor = await conn.execute(
-                        "select bastion.claim_tool(%s, %s, %s, %s, %s, %s, %s)",
-                        (
-                            state.conversation_id,
-                            state.run_id,
-                            call_id,
-                            name,
-                            Jsonb(tool_input),
-                            self._lease_seconds,
-                            Jsonb(_recordable(results)),
-                        ),
-                    )
-                claim = _single(await cursor.fetchone())
+            try:
+                with _database_errors():
+                    async with self._store.transaction(context.identity) as conn:
+                        cursor = await conn.execute(
+                            "select bastion.claim_tool(%s, %s, %s, %s, %s, %s, %s)",
+                            (
+                                state.conversation_id,
+                                state.run_id,
+                                call_id,
+                                name,
+                                Jsonb(tool_input),
+                                self._lease_seconds,
+                                Jsonb(_recordable(results)),
+                            ),
+                        )
+                    claim = _single(await cursor.fetchone())
+            except BaseException:
+                self._tails.evict(tail_key(context.identity, state.conversation_id))
+                raise
             del state.unrecorded_results[: len(results)]
             outcome = claim["outcome"]
             if outcome == "completed":
@@ -443,20 +575,45 @@ class PostgresAgentPersistence(TurnPersistence):
             run_event(state.run_id, status),
         ]
         results = list(state.unrecorded_results)
-        with _database_errors():
-            async with self._store.transaction(context.identity) as conn:
-                await conn.execute(
-                    "select bastion.finish_turn(%s, %s, %s, %s, %s, %s)",
-                    (
-                        state.conversation_id,
-                        state.run_id,
-                        status,
-                        Jsonb(message) if message is not None else None,
-                        Jsonb(_recordable(results)),
-                        Jsonb(events),
-                    ),
-                )
+        key = tail_key(context.identity, state.conversation_id)
+        try:
+            with _database_errors():
+                async with self._store.transaction(context.identity) as conn:
+                    cursor = await conn.execute(
+                        "select bastion.close_turn(%s, %s, %s, %s, %s, %s)",
+                        (
+                            state.conversation_id,
+                            state.run_id,
+                            status,
+                            Jsonb(message) if message is not None else None,
+                            Jsonb(_recordable(results)),
+                            Jsonb(events),
+                        ),
+                    )
+                closed = _single(await cursor.fetchone())
+        except BaseException:
+            self._tails.evict(key)
+            raise
         del state.unrecorded_results[: len(results)]
+        self._remember_finish(key, state, closed)
+
+    def _remember_finish(self, key: TailKey, state: TurnState, closed: dict[str, Any]) -> None:
+        """Advance the remembered tail past this run's own finish; anything else forgets it."""
+        before = self._tails.get(key)
+        if before is None:
+            return
+        if (
+            not closed["saved"]
+            or before.revision != state.revision
+            or closed["revision"] != state.revision + 1
+        ):
+            self._tails.evict(key)
+            return
+        row = closed["row"]
+        saved = (row[0], row[1]) if row is not None else None
+        self._tails.put(
+            key, finished_tail(before, revision=closed["revision"], last_seq=closed["last_seq"], saved=saved)
+        )
 
 
 @asynccontextmanager
@@ -521,6 +678,11 @@ def _conversation(row: tuple[Any, ...] | None) -> Conversation:
 def _single(row: tuple[Any, ...] | None) -> Any:
     assert row is not None
     return row[0]
+
+
+def _answers_approvals(plan: HistoryWrites) -> bool:
+    """Whether the claim changes a stored assistant message: only approval answers do."""
+    return any(write["replace"] and write["message"].get("role") == "assistant" for write in plan.writes)
 
 
 def _recordable(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
