@@ -20,7 +20,6 @@ from bastion.tools import (
     index_tools,
     run_executor,
     tool,
-    with_name,
 )
 
 
@@ -97,7 +96,7 @@ def test_compose_tools_does_not_mutate_its_inputs() -> None:
     assert base[0].description == "The search tool."
 
 
-# index_tools and with_name
+# index_tools
 
 
 def test_index_tools_maps_names_to_tools() -> None:
@@ -109,16 +108,6 @@ def test_index_tools_maps_names_to_tools() -> None:
 def test_index_tools_refuses_duplicate_names() -> None:
     with pytest.raises(DuplicateToolNameError, match="search"):
         index_tools([make_tool("search"), make_tool("search")])
-
-
-def test_with_name_offers_the_same_tool_under_another_name() -> None:
-    async def execute(call: ToolCall) -> str:
-        return "ok"
-
-    original = make_tool("load_skill", execute=execute)
-    renamed = with_name(original, "load_knowledge")
-
-    assert (renamed.name, renamed.execute, original.name) == ("load_knowledge", execute, "load_skill")
 
 
 # Tool names

@@ -11,7 +11,7 @@ import copy
 import inspect
 import re
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias, get_type_hints, overload
 
 import jsonschema
@@ -326,8 +326,3 @@ async def run_executor(executor: ToolExecutor, call: ToolCall) -> Any:
             final = item
         return final
     return result
-
-
-def with_name(item: Tool, name: str) -> Tool:
-    """The same tool offered under another name."""
-    return replace(item, name=name)
