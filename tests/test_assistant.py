@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx2
+import psycopg
 import pytest
 import uvicorn
 
 from bastion.assistant.config import AssistantConfig
 from bastion.assistant.database import Database, migrate
+from bastion.assistant.dev_auth import DevelopmentSignIn
 from bastion.assistant.notes import PostgresNoteBook
 from bastion.assistant.server import running_assistant
 from bastion.stores import PostgresStore, StoreIdentity, apply_migrations
@@ -404,6 +406,147 @@ async def test_a_refused_mcp_credential_is_a_clear_error_before_the_stream(
     assert response.status_code == 403
     assert response.json()["code"] == "authorization_required"
     assert "expired" not in response.text and mcp.url not in response.text
+
+
+# An MCP server reached with each user's own credential
+
+
+def user_mcp(mcp_url: str) -> dict[str, Any]:
+    return {"mcp_url": mcp_url, "mcp_tools": ("search",), "mcp_auth": "user"}
+
+
+async def connect_mcp(served: Served, headers: dict[str, str], token: str) -> None:
+    response = await served.client.put(
+        f"{served.url}/api/connections/mcp", json={"token": token}, headers=headers
+    )
+    assert response.status_code == 200, response.text
+    assert response.json() == {"connected": True}
+
+
+async def approved_search(served: Served, headers: dict[str, str], query: str) -> httpx2.Response:
+    """Ask for a remote search, approve it, and return the turn that ran it."""
+    conversation = str(uuid.uuid4())
+    asked = await chat(served, headers, conversation, [user_message(f"search {query}")])
+    assert asked.status_code == 200, asked.text
+    stored = await served.client.get(
+        f"{served.url}/api/conversations/{conversation}/messages", headers=headers
+    )
+    messages = stored.json()["messages"]
+    [pending] = [p for p in messages[-1]["parts"] if p.get("toolName") == "mcp__search"]
+    pending["state"] = "approval-responded"
+    pending["approval"]["approved"] = True
+    return await chat(served, headers, conversation, messages)
+
+
+async def test_each_user_reaches_the_mcp_server_with_only_their_own_credential(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    with serve_mcp("http", Behavior(tokens=frozenset({"ada-token", "bob-token"}))) as mcp:
+        async with serve_assistant(pg_cluster, tmp_path, **user_mcp(mcp.url)) as served:
+            ada, bob = await served.sign_in("ada"), await served.sign_in("bob")
+            await connect_mcp(served, ada, "ada-token")
+            await connect_mcp(served, bob, "bob-token")
+            answers = await asyncio.gather(
+                approved_search(served, ada, "ada-plans"), approved_search(served, bob, "bob-plans")
+            )
+    assert [answer.status_code for answer in answers] == [200, 200]
+    assert "doc-ada-plans" in answers[0].text and "doc-bob-plans" in answers[1].text
+    calls = {(call.arguments["query"], call.authorization) for call in mcp.log.tool_calls("search")}
+    assert calls == {("ada-plans", "Bearer ada-token"), ("bob-plans", "Bearer bob-token")}
+    sessions: dict[str, set[str | None]] = {}
+    for request in mcp.log.requests:
+        assert request.authorization in ("Bearer ada-token", "Bearer bob-token")
+        if request.session_id is not None:
+            sessions.setdefault(request.session_id, set()).add(request.authorization)
+    assert sessions and all(len(seen) == 1 for seen in sessions.values())
+
+
+async def test_a_user_without_an_mcp_credential_is_asked_to_connect_and_nothing_reaches_the_server(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    with serve_mcp("http", Behavior(tokens=frozenset({"ada-token"}))) as mcp:
+        async with serve_assistant(pg_cluster, tmp_path, **user_mcp(mcp.url)) as served:
+            await connect_mcp(served, await served.sign_in("ada"), "ada-token")
+            response = await chat(
+                served, await served.sign_in("bob"), str(uuid.uuid4()), [user_message("search plans")]
+            )
+    assert response.status_code == 403
+    assert response.json()["code"] == "authorization_required"
+    assert mcp.log.requests == []
+
+
+async def test_the_connection_status_never_shows_the_token(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    async with serve_assistant(pg_cluster, tmp_path, **user_mcp("http://127.0.0.1:9/mcp")) as served:
+        headers = await served.sign_in("ada")
+        url = f"{served.url}/api/connections/mcp"
+        before = await served.client.get(url, headers=headers)
+        await connect_mcp(served, headers, "ada-secret-token")
+        after = await served.client.get(url, headers=headers)
+        other = await served.client.get(url, headers=await served.sign_in("bob"))
+    assert before.json() == {"connected": False}
+    assert after.json() == {"connected": True}
+    assert other.json() == {"connected": False}
+    assert "ada-secret-token" not in after.text
+
+
+@pytest.mark.parametrize(
+    "body", [{}, {"token": ""}, {"token": 42}, {"token": "two words"}, {"token": "x" * 4097}, ["ada-token"]]
+)
+async def test_a_bad_mcp_credential_is_refused_and_nothing_is_stored(
+    pg_cluster: PostgresCluster, tmp_path: Path, body: Any
+) -> None:
+    async with serve_assistant(pg_cluster, tmp_path, **user_mcp("http://127.0.0.1:9/mcp")) as served:
+        headers = await served.sign_in("ada")
+        url = f"{served.url}/api/connections/mcp"
+        refused = await served.client.put(url, json=body, headers=headers)
+        status = await served.client.get(url, headers=headers)
+    assert refused.status_code == 400
+    assert refused.json()["code"] == "invalid_input"
+    assert status.json() == {"connected": False}
+
+
+async def test_a_disconnected_user_is_asked_to_connect_again(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    with serve_mcp("http", Behavior(tokens=frozenset({"ada-token"}))) as mcp:
+        async with serve_assistant(pg_cluster, tmp_path, **user_mcp(mcp.url)) as served:
+            headers = await served.sign_in("ada")
+            url = f"{served.url}/api/connections/mcp"
+            await connect_mcp(served, headers, "ada-token")
+            deleted = await served.client.delete(url, headers=headers)
+            status = await served.client.get(url, headers=headers)
+            response = await chat(served, headers, str(uuid.uuid4()), [user_message("search plans")])
+    assert deleted.status_code == 204
+    assert status.json() == {"connected": False}
+    assert response.status_code == 403
+    assert response.json()["code"] == "authorization_required"
+    assert mcp.log.requests == []
+
+
+async def test_a_stored_mcp_credential_is_encrypted_at_rest(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    async with serve_assistant(pg_cluster, tmp_path, **user_mcp("http://127.0.0.1:9/mcp")) as served:
+        await connect_mcp(served, await served.sign_in("ada"), "ada-plaintext-token")
+        assert served.config.database_url is not None
+        async with await psycopg.AsyncConnection.connect(served.config.database_url) as owner:
+            cursor = await owner.execute("select * from bastion.credentials")
+            rows = await cursor.fetchall()
+    [row] = rows
+    assert DevelopmentSignIn.user_id("ada") in {str(value) for value in row}
+    stored = b"".join(value if isinstance(value, bytes) else str(value).encode() for value in row)
+    assert b"ada-plaintext-token" not in stored
+
+
+async def test_connection_routes_are_not_found_with_the_apps_credential(served: Served) -> None:
+    headers = await served.sign_in("ada")
+    url = f"{served.url}/api/connections/mcp"
+    put = await served.client.put(url, json={"token": "ada-token"}, headers=headers)
+    get = await served.client.get(url, headers=headers)
+    assert (put.status_code, get.status_code) == (404, 404)
+    assert put.json()["code"] == "not_found"
 
 
 async def test_development_sign_in_refuses_a_foreign_host_name(served: Served) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import socket
 import subprocess
 import sys
@@ -17,9 +18,16 @@ from bastion import define_agent, tool
 from bastion.assistant.config import AssistantConfig, ConfigError, resolve_model
 from bastion.assistant.demo_model import DEMO_NOTICE, demo_model
 from bastion.assistant.dev_auth import DevelopmentSignIn, InvalidUserNameError
+from bastion.assistant.remote import credentials_keyring
 from bastion.assistant.server import supabase_env
 from bastion.auth import TokenVerifier
 from tests.scripted import collect, user
+
+USER_MCP = {
+    "BASTION_MCP_URL": "http://127.0.0.1:9/mcp",
+    "BASTION_MCP_TOOLS": "search",
+    "BASTION_MCP_AUTH": "user",
+}
 
 
 def test_defaults_need_no_configuration() -> None:
@@ -36,6 +44,9 @@ def test_defaults_need_no_configuration() -> None:
         ({"BASTION_HISTORY_WINDOW": "0"}, "BASTION_HISTORY_WINDOW must be a positive whole number"),
         ({"BASTION_MODEL_BASE_URL": "http://127.0.0.1:11434/v1"}, "needs BASTION_MODEL"),
         ({"BASTION_APP_DATABASE_URL": "postgresql://app@/db"}, "needs DATABASE_URL"),
+        ({**USER_MCP, "BASTION_MCP_AUTH": "both"}, "BASTION_MCP_AUTH must be 'app' or 'user'"),
+        ({"BASTION_MCP_AUTH": "user"}, "BASTION_MCP_AUTH=user needs BASTION_MCP_URL"),
+        ({**USER_MCP, "BASTION_MCP_TOKEN": "app-token"}, "unset one of them"),
     ],
 )
 def test_bad_settings_name_the_variable_and_the_fix(environ: dict[str, str], says: str) -> None:
@@ -75,6 +86,49 @@ def test_supabase_settings_replace_development_sign_in(tmp_path: Path) -> None:
     assert sign_in is None
     assert env.issuer == "https://ref.supabase.co/auth/v1"
     assert not (tmp_path / "dev-signing-key.pem").exists()
+
+
+def test_users_mcp_credentials_under_supabase_sign_in_need_a_credentials_key(tmp_path: Path) -> None:
+    config = AssistantConfig.from_env(
+        {**USER_MCP, "SUPABASE_URL": "https://ref.supabase.co", "BASTION_DATA_DIR": str(tmp_path)}
+    )
+    with pytest.raises(ConfigError, match="BASTION_CREDENTIALS_KEY"):
+        credentials_keyring(config)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_development_sign_in_generates_the_credentials_key_once(tmp_path: Path) -> None:
+    config = AssistantConfig.from_env({**USER_MCP, "BASTION_DATA_DIR": str(tmp_path)})
+    keys, generated = credentials_keyring(config)
+    again, generated_again = credentials_keyring(config)
+    assert (generated, generated_again) == (True, False)
+    assert again.current_key_id == keys.current_key_id
+    assert (tmp_path / "credentials-key").stat().st_mode & 0o077 == 0
+
+
+def test_a_set_credentials_key_is_used_and_nothing_is_generated(tmp_path: Path) -> None:
+    key = base64.b64encode(bytes(32)).decode()
+    config = AssistantConfig.from_env(
+        {**USER_MCP, "BASTION_DATA_DIR": str(tmp_path), "BASTION_CREDENTIALS_KEY": f"first:{key}"}
+    )
+    keys, generated = credentials_keyring(config)
+    assert (keys.current_key_id, generated) == ("first", False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_malformed_credentials_key_names_the_variable_without_its_value(tmp_path: Path) -> None:
+    config = AssistantConfig.from_env(
+        {**USER_MCP, "BASTION_DATA_DIR": str(tmp_path), "BASTION_CREDENTIALS_KEY": "not-a-key"}
+    )
+    with pytest.raises(ConfigError, match="BASTION_CREDENTIALS_KEY") as raised:
+        credentials_keyring(config)
+    assert "not-a-key" not in str(raised.value)
+
+
+def test_the_credentials_key_stays_out_of_the_config_repr() -> None:
+    key = base64.b64encode(bytes(32)).decode()
+    config = AssistantConfig.from_env({**USER_MCP, "BASTION_CREDENTIALS_KEY": key})
+    assert key not in repr(config)
 
 
 async def test_development_tokens_pass_the_real_verifier_and_survive_a_restart(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from bastion.assistant.demo_model import demo_model
 from bastion.assistant.dev_auth import DevelopmentSignIn, InvalidUserNameError
 from bastion.assistant.notes import PostgresNoteBook
 from bastion.assistant.openapi import openapi_document
+from bastion.assistant.remote import UserCredentials
 from bastion.auth import Principal, SupabaseEnv, TokenVerifier
 from bastion.stores import (
     InvalidInputError,
@@ -60,6 +61,7 @@ class AssistantApp:
     history_window: int = 50
     remote_tools: Callable[[Principal], Callable[[], Awaitable[AgentTools]]] | None = None
     remote_tool_names: tuple[str, ...] = ()
+    user_credentials: UserCredentials | None = None
     agent: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -143,6 +145,32 @@ class AssistantApp:
             await self.store.create_conversation(
                 identity, conversation_id=conversation_id, title=_title_from(messages)
             )
+
+    # The caller's own MCP credential (BASTION_MCP_AUTH=user only)
+
+    async def connection_status(self, request: Request, context: RequestContext) -> Response:
+        """Whether the caller has connected the MCP server; the credential itself is never returned."""
+        credentials = self._user_credentials()
+        return JSONResponse({"connected": await credentials.connected(_principal(context))})
+
+    async def connect(self, request: Request, context: RequestContext) -> Response:
+        """Store the caller's own bearer token for the MCP server, replacing any stored before."""
+        credentials = self._user_credentials()
+        body = await json_body(request)
+        await credentials.connect(_principal(context), body.get("token"))
+        return JSONResponse({"connected": True})
+
+    async def disconnect(self, request: Request, context: RequestContext) -> Response:
+        """Forget the caller's MCP credential; their next turn asks them to connect again."""
+        credentials = self._user_credentials()
+        await credentials.disconnect(_principal(context))
+        return Response(status_code=204)
+
+    def _user_credentials(self) -> UserCredentials:
+        """The connection routes exist only while each user brings their own credential."""
+        if self.user_credentials is None:
+            raise NotFoundError()
+        return self.user_credentials
 
     # Public routes
 
@@ -237,6 +265,9 @@ def build_routes(app: AssistantApp) -> list[Route]:
     return [
         Route(method="POST", path="/api/chat", auth="user", handler=app.chat),
         *conversation_routes(app.store),
+        Route(method="GET", path="/api/connections/mcp", auth="user", handler=app.connection_status),
+        Route(method="PUT", path="/api/connections/mcp", auth="user", handler=app.connect),
+        Route(method="DELETE", path="/api/connections/mcp", auth="user", handler=app.disconnect),
         Route(method="GET", path="/health", auth="none", handler=app.health),
         Route(method="GET", path="/api/info", auth="none", handler=app.info),
         Route(method="GET", path="/openapi.json", auth="none", handler=app.openapi),

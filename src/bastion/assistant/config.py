@@ -16,6 +16,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_DATA_DIR = ".bastion"
 DEFAULT_HISTORY_WINDOW = 50
+MCP_AUTH_MODES = ("app", "user")
 
 
 class ConfigError(ValueError):
@@ -44,6 +45,8 @@ class AssistantConfig:
     mcp_transport: str = "http"
     mcp_tools: tuple[str, ...] = ()
     mcp_token: str | None = field(default=None, repr=False)
+    mcp_auth: str = "app"
+    credentials_key: str | None = field(default=None, repr=False)
     history_window: int = DEFAULT_HISTORY_WINDOW
 
     @classmethod
@@ -74,6 +77,8 @@ class AssistantConfig:
                 name.strip() for name in (text("BASTION_MCP_TOOLS") or "").split(",") if name.strip()
             ),
             "mcp_token": text("BASTION_MCP_TOKEN"),
+            "mcp_auth": text("BASTION_MCP_AUTH") or "app",
+            "credentials_key": text("BASTION_CREDENTIALS_KEY"),
             "history_window": _positive_int("BASTION_HISTORY_WINDOW", text("BASTION_HISTORY_WINDOW"))
             or DEFAULT_HISTORY_WINDOW,
         }
@@ -93,6 +98,15 @@ class AssistantConfig:
             raise ConfigError(
                 "BASTION_MCP_URL needs BASTION_MCP_TOOLS, the comma-separated remote tools the assistant "
                 "may use: tools a server adds later are never exposed."
+            )
+        if self.mcp_auth not in MCP_AUTH_MODES:
+            raise ConfigError(f"BASTION_MCP_AUTH must be 'app' or 'user', not {self.mcp_auth!r}.")
+        if self.mcp_auth == "user" and self.mcp_url is None:
+            raise ConfigError("BASTION_MCP_AUTH=user needs BASTION_MCP_URL, the server users connect to.")
+        if self.mcp_auth == "user" and self.mcp_token is not None:
+            raise ConfigError(
+                "BASTION_MCP_TOKEN is the app's credential, but BASTION_MCP_AUTH=user sends each user's own: "
+                "unset one of them."
             )
         if self.model_base_url is not None and self.model is None:
             raise ConfigError("BASTION_MODEL_BASE_URL needs BASTION_MODEL, the model name the server knows.")

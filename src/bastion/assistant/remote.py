@@ -1,30 +1,67 @@
-"""The assistant's optional MCP connection: one server, an allowlist of its tools, the app's credential.
+"""The assistant's optional MCP connection: one server, an allowlist of its tools, and either the app's
+credential (`BASTION_MCP_AUTH=app`) or each user's own (`user`).
 
 Remote tools are exposed as `mcp__<tool>` and each needs the user's approval, since the assistant cannot
-know what a remote tool changes. The connection is opened per turn and closed with it.
+know what a remote tool changes. The connection is opened per turn and closed with it. A user's own
+credential is encrypted by this process (`BASTION_CREDENTIALS_KEY`) and stored in Postgres, read and
+written as that user under row-level security, so a turn can only ever send its own user's credential.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import ClassVar
+import base64
+import os
+import re
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import ClassVar, Final
 
 from bastion import AgentTools
-from bastion.assistant.config import AssistantConfig
+from bastion.assistant.config import AssistantConfig, ConfigError
 from bastion.auth import Principal
+from bastion.credentials import CredentialError, CredentialRef, CredentialStorageError, credential_auth
 from bastion.errors import BastionError
 from bastion.mcp import McpConnectionDefinition, McpConnectionError, McpTransport, create_mcp_connections
+from bastion.stores.credentials import (
+    CREDENTIALS_KEY_VARIABLE,
+    CredentialKeyring,
+    Pool,
+    PostgresCredentialProvider,
+)
+from bastion.stores.routes import InvalidRequestError
 
-__all__ = ["ConnectionFailedError", "ConnectionNeedsAuthorizationError", "remote_tool_names", "remote_tools"]
+__all__ = [
+    "CREDENTIALS_KEY_FILE",
+    "ConnectionFailedError",
+    "ConnectionNeedsAuthorizationError",
+    "CredentialsUnavailableError",
+    "UserCredentials",
+    "credentials_keyring",
+    "remote_tool_names",
+    "remote_tools",
+]
 
 CONNECTION_NAME = "mcp"
+CREDENTIALS_KEY_FILE: Final = "credentials-key"
+USER_CREDENTIAL: Final = CredentialRef(provider="postgres", secret=CONNECTION_NAME, scope="user")
+# A bearer token is sent in a header: visible ASCII without spaces, and not unboundedly long.
+_TOKEN: Final = re.compile(r"[\x21-\x7e]{1,4096}")
 
 
 class ConnectionNeedsAuthorizationError(BastionError):
-    """The MCP server refused the assistant's credential; an operator has to renew it."""
+    """The MCP server refused the credential, or the user has not connected it: the operator renews the
+    app's credential, a user connects their own (`PUT /api/connections/mcp`)."""
 
     code: ClassVar[str] = "authorization_required"
     status: ClassVar[int] = 403
+
+
+class CredentialsUnavailableError(BastionError):
+    """The credential store failed; the cause is logged, never shown."""
+
+    code: ClassVar[str] = "credentials_unavailable"
+    status: ClassVar[int] = 503
 
 
 class ConnectionFailedError(BastionError):
@@ -38,14 +75,80 @@ def remote_tool_names(config: AssistantConfig) -> tuple[str, ...]:
     return tuple(f"{CONNECTION_NAME}__{name}" for name in config.mcp_tools) if config.mcp_url else ()
 
 
+@dataclass(frozen=True)
+class UserCredentials:
+    """Each user's own credential for the MCP server, kept in Postgres and handled as that user."""
+
+    pool: Pool
+    keys: CredentialKeyring
+
+    def provider(self, principal: Principal) -> PostgresCredentialProvider:
+        """The store as seen from the principal's tenant; a user's credential is found only there."""
+        return PostgresCredentialProvider(self.pool, keys=self.keys, tenant_id=principal.tenant_id)
+
+    async def connect(self, principal: Principal, token: object) -> None:
+        """Store the principal's token for the MCP server, replacing the one stored before."""
+        value = _checked_token(token)
+        with _storage_errors():
+            await self.provider(principal).put(USER_CREDENTIAL, value, owner_id=principal.id)
+
+    async def disconnect(self, principal: Principal) -> None:
+        with _storage_errors():
+            await self.provider(principal).delete(USER_CREDENTIAL, owner_id=principal.id)
+
+    async def connected(self, principal: Principal) -> bool:
+        with _storage_errors():
+            return await self.provider(principal).get(USER_CREDENTIAL, owner_id=principal.id) is not None
+
+
+def credentials_keyring(config: AssistantConfig) -> tuple[CredentialKeyring, bool]:
+    """The key users' credentials are encrypted with, and whether it was just generated.
+
+    `BASTION_CREDENTIALS_KEY` when set. Development sign-in otherwise generates one into the data
+    directory (readable only by this user) and keeps using it; Supabase sign-in needs the variable,
+    since a key that only one machine holds would lose every credential with that machine.
+    """
+    if config.credentials_key is not None:
+        return _keyring(config.credentials_key, CREDENTIALS_KEY_VARIABLE), False
+    if config.supabase_url is not None:
+        raise ConfigError(
+            f"BASTION_MCP_AUTH=user needs {CREDENTIALS_KEY_VARIABLE}, the base64-encoded 32-byte key users' "
+            "credentials are encrypted with. Generate one with: "
+            "python -c 'import base64, os; print(base64.b64encode(os.urandom(32)).decode())'"
+        )
+    path = config.data_dir / CREDENTIALS_KEY_FILE
+    if path.exists():
+        return _keyring(path.read_text(), f"The development credentials key in {path}"), False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    encoded = base64.b64encode(os.urandom(32)).decode()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(encoded + "\n")
+    return _keyring(encoded, str(path)), True
+
+
+def _keyring(text: str, source: str) -> CredentialKeyring:
+    try:
+        return CredentialKeyring.from_environment(environ={CREDENTIALS_KEY_VARIABLE: text})
+    except ValueError as error:
+        reason = str(error).replace(CREDENTIALS_KEY_VARIABLE, source, 1)
+        raise ConfigError(f"{reason} Use 'id:base64,...' or one base64-encoded 32-byte key.") from None
+
+
 def remote_tools(
-    config: AssistantConfig,
+    config: AssistantConfig, *, user_credentials: UserCredentials | None = None
 ) -> Callable[[Principal], Callable[[], Awaitable[AgentTools]]] | None:
-    """A per-turn opener of the configured MCP server, or None when none is configured."""
+    """A per-turn opener of the configured MCP server, or None when none is configured.
+
+    With `BASTION_MCP_AUTH=user` each turn sends the signed-in user's stored credential, read afresh
+    when the connection opens; a user without one is asked to connect before anything reaches the server.
+    """
     if config.mcp_url is None:
         return None
+    if config.mcp_auth == "user" and user_credentials is None:
+        raise ValueError("BASTION_MCP_AUTH=user needs the users' credential store.")
     headers = {"Authorization": f"Bearer {config.mcp_token}"} if config.mcp_token else {}
-    definition: McpConnectionDefinition[Principal] = McpConnectionDefinition(
+    shared: McpConnectionDefinition[Principal] = McpConnectionDefinition(
         name=CONNECTION_NAME,
         transport=McpTransport(
             type="sse" if config.mcp_transport == "sse" else "http", url=config.mcp_url, headers=headers
@@ -53,7 +156,20 @@ def remote_tools(
         allowlist=list(config.mcp_tools),
     )
 
+    def definition_for(principal: Principal) -> McpConnectionDefinition[Principal]:
+        if config.mcp_auth != "user" or user_credentials is None:
+            return shared
+        auth = credential_auth(
+            provider=user_credentials.provider(principal),
+            ref=USER_CREDENTIAL,
+            owner="user",
+            connection=CONNECTION_NAME,
+        )
+        return replace(shared, auth=auth)
+
     def for_user(principal: Principal) -> Callable[[], Awaitable[AgentTools]]:
+        definition = definition_for(principal)
+
         async def open_tools() -> AgentTools:
             try:
                 connections = await create_mcp_connections([definition], context=principal)
@@ -72,3 +188,21 @@ def _client_error(error: McpConnectionError) -> BastionError:
     if error.code in ("authorization_required", "authorization_failed"):
         return ConnectionNeedsAuthorizationError(str(error))
     return ConnectionFailedError(str(error))
+
+
+def _checked_token(token: object) -> str:
+    value = token.strip() if isinstance(token, str) else ""
+    if not _TOKEN.fullmatch(value):
+        raise InvalidRequestError(
+            "token must be the MCP server's bearer token: 1 to 4096 visible characters without spaces."
+        )
+    return value
+
+
+@contextmanager
+def _storage_errors() -> Iterator[None]:
+    """A store failure becomes `CredentialsUnavailableError`, its cause kept for the log only."""
+    try:
+        yield
+    except CredentialError as error:
+        raise CredentialsUnavailableError(CredentialStorageError.message) from error

@@ -19,7 +19,13 @@ from bastion.assistant.config import AssistantConfig, ConfigError, resolve_model
 from bastion.assistant.database import Database, DatabaseError, migrate, open_database
 from bastion.assistant.demo_model import DEMO_NOTICE
 from bastion.assistant.dev_auth import DevelopmentSignIn
-from bastion.assistant.remote import remote_tool_names, remote_tools
+from bastion.assistant.remote import (
+    CREDENTIALS_KEY_FILE,
+    UserCredentials,
+    credentials_keyring,
+    remote_tool_names,
+    remote_tools,
+)
 from bastion.auth import SupabaseEnv
 from bastion.stores import PostgresStore
 
@@ -74,6 +80,14 @@ async def running_assistant(
     """The assistant with its database ready and migrated; everything is closed on exit."""
     model = resolve_model(config)
     env, sign_in = supabase_env(config)
+    keys = None
+    if config.mcp_auth == "user":
+        keys, generated = credentials_keyring(config)
+        if generated:
+            progress(
+                f"Generated a key for users' MCP credentials in {config.data_dir / CREDENTIALS_KEY_FILE} "
+                "(development only: set BASTION_CREDENTIALS_KEY in production)."
+            )
     started = time.monotonic()
     progress(
         "Connecting to DATABASE_URL…"
@@ -90,15 +104,19 @@ async def running_assistant(
             + (f" (applied {', '.join(applied)})." if applied else ".")
         )
         store = await PostgresStore.open(database.app_conninfo, admin_conninfo=database.admin_conninfo)
+        user_credentials = None
         try:
+            if keys is not None:
+                user_credentials = UserCredentials(pool=store.pool, keys=keys)
             app = AssistantApp(
                 store=store,
                 model=model,
                 env=env,
                 development_sign_in=sign_in,
                 history_window=config.history_window,
-                remote_tools=remote_tools(config),
+                remote_tools=remote_tools(config, user_credentials=user_credentials),
                 remote_tool_names=remote_tool_names(config),
+                user_credentials=user_credentials,
             )
             yield RunningAssistant(app=app, database=database, asgi=app.asgi())
         finally:

@@ -145,6 +145,12 @@ class PostgresStore:
         await pool.open(wait=True)
         return store
 
+    @property
+    def pool(self) -> Pool:
+        """The store's connection pool, to share with what else runs as the application's role
+        (a `PostgresCredentialProvider`, say) instead of opening more connections."""
+        return self._pool
+
     async def close(self) -> None:
         """Close the pool if this store opened it."""
         if self._owns_pool:
