@@ -397,3 +397,36 @@ def test_a_tail_longer_than_max_rows_is_not_kept_and_forgets_the_older_one() -> 
     long = CachedTail(revision=2, last_seq=3, first_seq=1, rows=((1, message), (2, message), (3, message)))
     cache.put(key, long)
     assert cache.get(key) is None
+
+
+async def test_a_conversation_deleted_and_created_again_elsewhere_is_not_served_from_an_old_tail(
+    migrated_database: MigratedDatabase,
+) -> None:
+    """Two processes: A remembers the old conversation; B deletes it, creates it again under the same id
+    and brings it to the same revision. A's next turn must see the new conversation, not the old one."""
+    async with (
+        await PostgresStore.open(migrated_database.app_dsn, max_size=2) as process_a,
+        await PostgresStore.open(migrated_database.app_dsn, max_size=2) as process_b,
+    ):
+        alice = identity()
+        conversation_id = str(uuid.uuid4())
+        await process_a.create_conversation(alice, conversation_id=conversation_id)
+        a, b = process_a.persistence(), process_b.persistence()
+
+        request = context(alice, conversation_id)
+        first = RunInput(messages=[user_message("u1", "my secret")], trigger=SUBMIT)
+        started = await a.start_run(request, first)
+        done = RunOutcome(status="completed", response_message=assistant_message("a1"))
+        await a.finish_run(request, started.state, done)
+
+        await process_b.delete_conversation(alice, conversation_id)
+        await process_b.create_conversation(alice, conversation_id=conversation_id)
+        request = context(alice, conversation_id)
+        started = await b.start_run(request, RunInput(messages=[user_message("x1", "fresh")], trigger=SUBMIT))
+        await b.finish_run(request, started.state, RunOutcome(status="failed", response_message=None))
+
+        request = context(alice, conversation_id)
+        started = await a.start_run(request, RunInput(messages=[user_message("x2", "next")], trigger=SUBMIT))
+        assert [message["id"] for message in started.messages] == ["x1", "x2"]
+        stored = await process_b.list_messages(alice, conversation_id)
+        assert [(row.seq, row.id) for row in stored] == [(1, "x1"), (2, "x2")]

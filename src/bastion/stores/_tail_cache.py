@@ -33,12 +33,17 @@ Row: TypeAlias = tuple[int, dict[str, Any]]
 
 @dataclass(frozen=True, slots=True)
 class CachedTail:
-    """Stored rows from `first_seq` to `last_seq` as of `revision`; rows before `first_seq` may exist."""
+    """Stored rows from `first_seq` to `last_seq` as of `revision`; rows before `first_seq` may exist.
+
+    `incarnation` tells apart a conversation deleted and created again under the same id, whose
+    revisions start again at zero; a tail without one has not been through a claim and is not used.
+    """
 
     revision: int
     last_seq: int
     first_seq: int
     rows: tuple[Row, ...]
+    incarnation: str | None = None
 
     def covers_window(self, window: int) -> bool:
         """Whether the rows hold the last `window` messages (or the whole conversation)."""
@@ -66,6 +71,7 @@ def claimed_tail(
     revision: int,
     last_seq: int,
     written: Sequence[Row],
+    incarnation: str,
 ) -> CachedTail:
     """`before` after a claim dropped the rows after `truncate_after` and wrote `written` (as stored)."""
     kept = tuple(
@@ -73,15 +79,15 @@ def claimed_tail(
         for seq, message in before.rows
         if (truncate_after is None or seq <= truncate_after) and (written_from is None or seq < written_from)
     )
-    return CachedTail(revision, last_seq, before.first_seq, kept + tuple(written))
+    return CachedTail(revision, last_seq, before.first_seq, kept + tuple(written), incarnation)
 
 
 def finished_tail(before: CachedTail, *, revision: int, last_seq: int, saved: Row | None) -> CachedTail:
     """`before` after a finish appended or replaced the response `saved` (as stored)."""
     if saved is None:
-        return CachedTail(revision, last_seq, before.first_seq, before.rows)
+        return CachedTail(revision, last_seq, before.first_seq, before.rows, before.incarnation)
     kept = tuple(row for row in before.rows if row[0] < saved[0])
-    return CachedTail(revision, last_seq, before.first_seq, (*kept, saved))
+    return CachedTail(revision, last_seq, before.first_seq, (*kept, saved), before.incarnation)
 
 
 class TailCache:

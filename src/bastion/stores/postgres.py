@@ -256,6 +256,7 @@ class PostgresStore:
     async def delete_conversation(self, identity: StoreIdentity, conversation_id: str) -> None:
         """Delete a conversation with its messages, runs, events, tool executions and feedback."""
         conversation = parse_uuid(conversation_id)
+        self._tails.evict(tail_key(identity, conversation))
         with _database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(
@@ -406,7 +407,7 @@ class PostgresAgentPersistence(TurnPersistence):
         callback runs here: a turn that answers approvals under a policy takes the locked path, so
         the policy is asked once, while the stored history cannot change.
         """
-        if not cached.covers_window(self._window):
+        if cached.incarnation is None or not cached.covers_window(self._window):
             return None
         if context.expected_revision is not None and context.expected_revision != cached.revision:
             return None
@@ -481,12 +482,13 @@ class PostgresAgentPersistence(TurnPersistence):
         """Queue `bastion.claim_turn`: the writes of `plan`, if the conversation is still at `base`."""
         events = [run_event(run_id, "started"), *approval_response_events(tail, history)]
         return await conn.execute(
-            "select bastion.claim_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            "select bastion.claim_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (
                 context.conversation_id,
                 run_id,
                 context.request_id,
                 base.revision,
+                base.incarnation,
                 uncached_ids or [],
                 self._lease_seconds,
                 plan.truncate_after,
@@ -517,6 +519,7 @@ class PostgresAgentPersistence(TurnPersistence):
             revision=revision,
             last_seq=claimed["last_seq"],
             written=written,
+            incarnation=claimed["incarnation"],
         )
         self._tails.put(key, after)
         state = TurnState(

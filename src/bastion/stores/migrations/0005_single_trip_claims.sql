@@ -13,15 +13,18 @@
 -- `bastion_runtime`.
 
 -- Claim a turn if the conversation is exactly as the caller last saw it: lock it without waiting,
--- then report `stale` (the revision moved, or a message named in `p_uncached_ids` is stored after
--- all), `busy` (a live run holds it) or `repeated_request`, changing nothing; otherwise do exactly
--- what `start_turn` does. Returns `{outcome, revision, last_seq, rows}`, `rows` being the written
--- positions onwards as stored (`[[seq, message], ...]`).
+-- then report `stale` (another incarnation of the id — deleted and created again — the revision
+-- moved, or a message named in `p_uncached_ids` is stored after all), `busy` (a live run holds it) or
+-- `repeated_request`, changing nothing; otherwise do exactly what `start_turn` does. A null
+-- `p_incarnation` skips that check (the caller loaded the tail under this same lock). Returns
+-- `{outcome, revision, last_seq, incarnation, rows}`, `rows` being the written positions onwards as
+-- stored (`[[seq, message], ...]`) and `incarnation` the conversation's creation time as text.
 create function bastion.claim_turn(
   p_conversation uuid,
   p_run uuid,
   p_request_id text,
   p_revision bigint,
+  p_incarnation text,
   p_uncached_ids text[],
   p_lease_seconds double precision,
   p_truncate_after bigint,
@@ -46,7 +49,9 @@ begin
   if not found then
     raise exception 'conversation not found' using errcode = 'BS404';
   end if;
-  if v_conversation.revision <> p_revision or exists (
+  if v_conversation.revision <> p_revision
+     or (p_incarnation is not null and (to_jsonb(v_conversation.created_at) #>> '{}') <> p_incarnation)
+     or exists (
     select 1 from bastion.messages m
      where m.conversation_id = p_conversation and m.id = any (coalesce(p_uncached_ids, '{}'))
   ) then
@@ -72,6 +77,7 @@ begin
   return jsonb_build_object(
     'outcome', 'claimed',
     'revision', v_revision,
+    'incarnation', to_jsonb(v_conversation.created_at) #>> '{}',
     'last_seq', (select coalesce(max(m.seq), 0) from bastion.messages m where m.conversation_id = p_conversation),
     'rows', coalesce(
       (select jsonb_agg(jsonb_build_array(m.seq, m.message) order by m.seq)
@@ -114,10 +120,10 @@ end
 $$;
 
 revoke execute on function
-  bastion.claim_turn(uuid, uuid, text, bigint, text[], double precision, bigint, jsonb, jsonb),
+  bastion.claim_turn(uuid, uuid, text, bigint, text, text[], double precision, bigint, jsonb, jsonb),
   bastion.close_turn(uuid, uuid, text, jsonb, jsonb, jsonb)
   from public;
 grant execute on function
-  bastion.claim_turn(uuid, uuid, text, bigint, text[], double precision, bigint, jsonb, jsonb),
+  bastion.claim_turn(uuid, uuid, text, bigint, text, text[], double precision, bigint, jsonb, jsonb),
   bastion.close_turn(uuid, uuid, text, jsonb, jsonb, jsonb)
   to authenticated;
