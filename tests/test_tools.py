@@ -161,6 +161,42 @@ def test_tool_decorator_describes_nested_models_in_the_schema() -> None:
     assert definitions["Address"]["required"] == ["city"]
 
 
+async def test_tool_decorator_resolves_types_defined_where_the_tool_is_defined() -> None:
+    """This module postpones annotations, so `Parcel` is a string that only this function's scope knows."""
+
+    class Parcel(pydantic.BaseModel):
+        weight_kg: float
+
+    received: list[Any] = []
+
+    @tool
+    def weigh(parcel: Parcel) -> str:
+        received.append(parcel)
+        return "weighed"
+
+    @tool(name="weigh_again")
+    def weigh_again(parcel: Parcel) -> str:
+        return "weighed"
+
+    assert weigh.input_schema["$defs"]["Parcel"]["required"] == ["weight_kg"]
+    assert weigh_again.input_schema["$defs"]["Parcel"]["required"] == ["weight_kg"]
+    assert weigh.execute is not None
+    await run_executor(weigh.execute, call_for("weigh", {"parcel": {"weight_kg": 2.5}}))
+    assert received == [Parcel(weight_kg=2.5)]
+
+
+def test_tool_decorator_names_a_type_it_cannot_resolve() -> None:
+    def build() -> Tool:
+        @tool
+        def weigh(parcel: Undefined) -> str:  # type: ignore[name-defined]  # noqa: F821
+            return "weighed"
+
+        return weigh
+
+    with pytest.raises(TypeError, match=r"weigh.*Undefined"):
+        build()
+
+
 def test_tool_decorator_error_names_the_path_inside_a_nested_model() -> None:
     @tool
     def ship(address: Address) -> str:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import copy
 import inspect
 import re
+import sys
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, TypeAlias, get_type_hints, overload
 
 import jsonschema
@@ -177,8 +179,8 @@ def tool(
     The docstring's first paragraph is the description unless one is given.
     """
 
-    def build(fn: Callable[..., Any]) -> Tool:
-        adapter, call_parameter, schema = _signature_of(fn)
+    def build(fn: Callable[..., Any], defined_in: FrameType | None = None) -> Tool:
+        adapter, call_parameter, schema = _signature_of(fn, defined_in or sys._getframe(1))
 
         def validate(raw: Any) -> Any:
             try:
@@ -204,7 +206,7 @@ def tool(
             validate_input=_keep_raw_if_valid(validate),
         )
 
-    return build(function) if function is not None else build
+    return build(function, sys._getframe(1)) if function is not None else build
 
 
 def _keep_raw_if_valid(validate: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -221,11 +223,13 @@ _Signature: TypeAlias = tuple[pydantic.TypeAdapter[Any], str | None, dict[str, A
 _signatures: dict[tuple[object, ...], _Signature] = {}
 
 
-def _signature_of(fn: Callable[..., Any]) -> _Signature:
+def _signature_of(fn: Callable[..., Any], defined_in: FrameType) -> _Signature:
     """The input validator, `ToolCall` parameter and schema of a tool function.
 
     Tool factories run every turn and define their tools again as closures; building a pydantic model
-    each time costs milliseconds, so the result is kept per code object and defaults.
+    each time costs milliseconds, so the result is kept per code object and defaults. `defined_in` is
+    the frame that applied `@tool`: its local names resolve annotations postponed by
+    `from __future__ import annotations`, such as a model class defined in the same function.
     """
     code = getattr(fn, "__code__", None)
     key = (code, fn.__defaults__, tuple(sorted((fn.__kwdefaults__ or {}).items()))) if code else None
@@ -235,7 +239,7 @@ def _signature_of(fn: Callable[..., Any]) -> _Signature:
         key, cached = None, None
     if cached is not None:
         return cached
-    model, call_parameter = _input_model(fn)
+    model, call_parameter = _input_model(fn, _type_hints(fn, defined_in))
     adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(model)
     schema = adapter.json_schema()
     schema.pop("title", None)
@@ -248,8 +252,19 @@ def _signature_of(fn: Callable[..., Any]) -> _Signature:
 _SIGNATURE_CACHE_SIZE = 4096
 
 
-def _input_model(fn: Callable[..., Any]) -> tuple[type[pydantic.BaseModel], str | None]:
-    hints = get_type_hints(fn)
+def _type_hints(fn: Callable[..., Any], defined_in: FrameType) -> dict[str, Any]:
+    """Annotations resolved as Python would: names local to where the tool was defined come first."""
+    try:
+        return get_type_hints(fn, localns=dict(defined_in.f_locals))
+    except NameError as error:
+        raise TypeError(
+            f"Tool function {fn.__name__!r} has an annotation that cannot be resolved: {error}"
+        ) from None
+
+
+def _input_model(
+    fn: Callable[..., Any], hints: dict[str, Any]
+) -> tuple[type[pydantic.BaseModel], str | None]:
     fields: dict[str, Any] = {}
     call_parameter: str | None = None
     for parameter in inspect.signature(fn).parameters.values():
