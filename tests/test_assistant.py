@@ -525,6 +525,33 @@ async def test_a_disconnected_user_is_asked_to_connect_again(
     assert mcp.log.requests == []
 
 
+async def test_a_credential_sealed_with_a_retired_key_asks_the_user_to_connect_again(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    with serve_mcp("http", Behavior(tokens=frozenset({"ada-token"}))) as mcp:
+        async with serve_assistant(pg_cluster, tmp_path, **user_mcp(mcp.url)) as served:
+            headers = await served.sign_in("ada")
+            url = f"{served.url}/api/connections/mcp"
+            await connect_mcp(served, headers, "ada-token")
+            assert served.config.database_url is not None
+            async with await psycopg.AsyncConnection.connect(served.config.database_url) as owner:
+                await owner.execute("update bastion.credentials set key_id = 'retired'")
+            unreadable = await served.client.get(url, headers=headers)
+            refused = await chat(served, headers, str(uuid.uuid4()), [user_message("search plans")])
+            await connect_mcp(served, headers, "ada-token")
+            reconnected = await served.client.get(url, headers=headers)
+            answered = await approved_search(served, headers, "plans")
+    assert unreadable.status_code == 200
+    assert unreadable.json() == {"connected": False}
+    assert refused.status_code == 403
+    assert refused.json()["code"] == "authorization_required"
+    assert reconnected.json() == {"connected": True}
+    assert answered.status_code == 200
+    assert "doc-plans" in answered.text
+    calls = [(call.arguments["query"], call.authorization) for call in mcp.log.tool_calls("search")]
+    assert calls == [("plans", "Bearer ada-token")]
+
+
 async def test_a_stored_mcp_credential_is_encrypted_at_rest(
     pg_cluster: PostgresCluster, tmp_path: Path
 ) -> None:

@@ -10,6 +10,7 @@ written as that user under row-level security, so a turn can only ever send its 
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import re
 from collections.abc import Awaitable, Callable, Iterator
@@ -20,7 +21,13 @@ from typing import ClassVar, Final
 from bastion import AgentTools
 from bastion.assistant.config import AssistantConfig, ConfigError
 from bastion.auth import Principal
-from bastion.credentials import CredentialError, CredentialRef, CredentialStorageError, credential_auth
+from bastion.credentials import (
+    CredentialError,
+    CredentialInvalidError,
+    CredentialRef,
+    CredentialStorageError,
+    credential_auth,
+)
 from bastion.errors import BastionError
 from bastion.mcp import McpConnectionDefinition, McpConnectionError, McpTransport, create_mcp_connections
 from bastion.stores.credentials import (
@@ -41,6 +48,8 @@ __all__ = [
     "remote_tool_names",
     "remote_tools",
 ]
+
+logger = logging.getLogger(__name__)
 
 CONNECTION_NAME = "mcp"
 CREDENTIALS_KEY_FILE: Final = "credentials-key"
@@ -97,8 +106,15 @@ class UserCredentials:
             await self.provider(principal).delete(USER_CREDENTIAL, owner_id=principal.id)
 
     async def connected(self, principal: Principal) -> bool:
+        """Whether a usable credential is stored. One sealed with a key that is no longer configured
+        counts as not connected, as it does in a turn, so the page asks for it again and it is replaced."""
         with _storage_errors():
-            return await self.provider(principal).get(USER_CREDENTIAL, owner_id=principal.id) is not None
+            try:
+                stored = await self.provider(principal).get(USER_CREDENTIAL, owner_id=principal.id)
+            except CredentialInvalidError:
+                logger.warning("A stored MCP credential cannot be decrypted with the configured keys.")
+                return False
+        return stored is not None
 
 
 def credentials_keyring(config: AssistantConfig) -> tuple[CredentialKeyring, bool]:
