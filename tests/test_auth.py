@@ -314,6 +314,26 @@ async def test_tenant_and_roles_claims_are_configurable(
     assert (principal.tenant_id, principal.roles) == ("tenant-b", ("billing",))
 
 
+@pytest.mark.parametrize("tenant", [42, "", ["acme"], {"id": "acme"}, True], ids=repr)
+async def test_a_tenant_claim_that_is_not_a_name_is_refused_not_taken_as_no_tenant(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, tenant: Any
+) -> None:
+    token = es256(keys, claims(env, app_metadata={"tenant_id": tenant}))
+
+    with pytest.raises(AuthenticationError) as refused:
+        await verifier.verify(token)
+
+    assert refused.value.code == "invalid_claims"
+
+
+async def test_a_null_tenant_claim_is_no_tenant(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys
+) -> None:
+    principal = await verifier.verify(es256(keys, claims(env, app_metadata={"tenant_id": None})))
+
+    assert principal.tenant_id is None
+
+
 def test_claims_under_user_metadata_are_refused_as_configuration(env: SupabaseEnv) -> None:
     with pytest.raises(ValueError, match="user_metadata"):
         TokenVerifier(env, roles_claim="user_metadata.roles")

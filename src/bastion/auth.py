@@ -321,6 +321,9 @@ class TokenVerifier:
 
     def _principal(self, claims: dict[str, Any]) -> Principal:
         tenant = _claim_at(claims, self._tenant_path)
+        if tenant is not None and not (isinstance(tenant, str) and tenant):
+            # A tenant claim that is there but unreadable must not place the user outside any tenant.
+            raise AuthenticationError("invalid_claims")
         roles = _claim_at(claims, self._roles_path)
         return Principal(
             id=claims["sub"],
@@ -329,7 +332,7 @@ class TokenVerifier:
             is_anonymous=claims.get("is_anonymous") is True,
             aal=_optional_text(claims.get("aal")),
             session_id=_optional_text(claims.get("session_id")),
-            tenant_id=_optional_text(tenant),
+            tenant_id=tenant,
             # Malformed roles grant nothing rather than something.
             roles=tuple(roles) if isinstance(roles, list) and all(isinstance(r, str) for r in roles) else (),
             claims=MappingProxyType(claims),
