@@ -203,6 +203,37 @@ async def test_a_malformed_body_is_refused_and_nothing_is_stored(served: Served)
     assert listed.json()["conversations"] == []
 
 
+def _unstorable_first_messages() -> dict[str, list[Any]]:
+    long_id = user_message("hi") | {"id": "m" * 201}
+    return {
+        "NUL in the text": [user_message("bad\x00text")],
+        "lone surrogate in the text": [user_message("bad \ud800 text")],
+        "id over 200 characters": [long_id],
+        "not a message": ["hello"],
+    }
+
+
+@pytest.mark.parametrize("case", list(_unstorable_first_messages()))
+async def test_a_first_message_that_cannot_be_stored_is_refused_and_creates_no_conversation(
+    served: Served, case: str
+) -> None:
+    headers = await served.sign_in("ada")
+    body = {
+        "id": str(uuid.uuid4()),
+        "messages": _unstorable_first_messages()[case],
+        "trigger": "submit-message",
+    }
+    response = await served.client.post(
+        f"{served.url}/api/chat",
+        content=json.dumps(body).encode(),
+        headers={**headers, "Content-Type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert response.json()["code"] == "invalid_input"
+    listed = await served.client.get(f"{served.url}/api/conversations", headers=headers)
+    assert listed.json()["conversations"] == []
+
+
 async def test_an_event_cursor_must_be_a_number(served: Served) -> None:
     headers = await served.sign_in("ada")
     conversation = str(uuid.uuid4())

@@ -111,3 +111,30 @@ async def test_messages_cannot_be_written_through_the_routes(client: Client) -> 
     )
     assert response.status_code == 405
     assert "GET" in response.headers["allow"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * 200_000, b'{"title": "lone \\ud800"}', b'{"title": "nul \\u0000"}'],
+    ids=["nested too deep", "lone surrogate", "NUL"],
+)
+async def test_a_body_that_cannot_be_read_or_stored_is_invalid_input(client: Client, body: bytes) -> None:
+    response = await client.http.post(
+        "/api/conversations",
+        content=body,
+        headers={**client.headers(), "Content-Type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert response.json()["code"] == "invalid_input"
+    listed = await client.http.get("/api/conversations", headers=client.headers())
+    assert listed.json()["conversations"] == []
+
+
+@pytest.mark.parametrize("after", ["²", "١٢", "-1", "1e3"])
+async def test_an_event_cursor_is_ascii_digits(client: Client, after: str) -> None:
+    created = await client.http.post("/api/conversations", json={}, headers=client.headers())
+    response = await client.http.get(
+        f"/api/conversations/{created.json()['id']}/events", params={"after": after}, headers=client.headers()
+    )
+    assert response.status_code == 400
+    assert response.json()["code"] == "invalid_input"

@@ -264,6 +264,9 @@ async def test_a_conversation_id_already_taken_by_anyone_is_refused(store: Store
         lambda s, who: s.add_feedback(who, str(uuid.uuid4()), "a\x00", rating="up"),
         lambda s, who: s.add_feedback(who, str(uuid.uuid4()), "a1", rating="meh"),
         lambda s, who: s.update_conversation(who, str(uuid.uuid4()), title="x" * 501),
+        lambda s, who: s.update_conversation(who, str(uuid.uuid4()), title="lone \udfff"),
+        lambda s, who: s.create_conversation(who, title="lone \ud800"),
+        lambda s, who: s.add_feedback(who, str(uuid.uuid4()), "a1", rating="up", comment="lone \ud800"),
         lambda s, who: s.create_conversation(who, conversation_id="{" + str(uuid.uuid4())[1:]),
         lambda s, who: s.persistence().start_run(
             TurnContext(identity=who, conversation_id="nope", request_id="r"),
@@ -445,6 +448,40 @@ async def test_finishing_twice_saves_once(store: Store) -> None:
     await persistence.finish_run(ctx, start.state, RunOutcome(status="failed"))
     assert [m["id"] for m in await stored(store, alice, conversation.id)] == ["u1", "a1"]
     assert await event_types(store, alice, conversation.id) == ["run.started", "run.completed"]
+
+
+def _unstorable_messages() -> dict[str, dict[str, Any]]:
+    """User messages reconciliation allows but Postgres cannot hold: they are invalid input."""
+    long_id = user_message("u" * 201)
+    surrogate_id = user_message("u\ud800")
+    return {
+        "NUL in a text": user_message("u2", "bad\x00text"),
+        "lone surrogate in a text": user_message("u2", "bad \ud800 text"),
+        "id over 200 characters": long_id,
+        "lone surrogate in the id": surrogate_id,
+    }
+
+
+@pytest.mark.parametrize("case", list(_unstorable_messages()))
+async def test_a_message_that_cannot_be_stored_is_invalid_input_and_nothing_changes(
+    store: Store, case: str
+) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    persistence = store.persistence()
+    history = [user_message("u1"), assistant_message("a1")]
+    await turn(persistence, alice, conversation.id, history[:1], response=history[1])
+    events_before = await event_types(store, alice, conversation.id)
+
+    with pytest.raises(InvalidInputError):
+        await turn(persistence, alice, conversation.id, [*history, _unstorable_messages()[case]])
+    with pytest.raises(InvalidInputError):
+        await turn(persistence, alice, conversation.id, [_unstorable_messages()[case]])
+
+    assert await stored(store, alice, conversation.id) == history
+    assert await event_types(store, alice, conversation.id) == events_before
+    await turn(persistence, alice, conversation.id, [*history, user_message("u2")])
+    assert [m["id"] for m in await stored(store, alice, conversation.id)] == ["u1", "a1", "u2"]
 
 
 async def test_a_response_that_is_not_an_assistant_message_is_refused(store: Store) -> None:
@@ -725,6 +762,23 @@ async def test_a_denied_approval_never_runs_the_call(store: Store) -> None:
     assert tools.executed == []
     assert tool_part(response, "delete_file")["state"] == "output-denied"
     assert "tool.started" not in await event_types(store, alice, conversation_id)
+
+
+async def test_an_approval_reason_that_cannot_be_stored_is_invalid_input_and_the_call_never_runs(
+    store: Store,
+) -> None:
+    alice = identity()
+    tools = Tools()
+    conversation_id, history = await approval_pending(store, alice, tools)
+    events_before = await event_types(store, alice, conversation_id)
+    answer = answered(history[-1], reason="no\x00pe")
+    with pytest.raises(InvalidInputError):
+        await agent_turn(
+            store, alice, conversation_id, [history[0], answer], ScriptedModel(["Deleted."]), tools
+        )
+    assert tools.executed == []
+    assert await stored(store, alice, conversation_id) == history
+    assert await event_types(store, alice, conversation_id) == events_before
 
 
 def _forgeries() -> list[tuple[str, Callable[[list[dict[str, Any]]], tuple[list[Any], str]]]]:

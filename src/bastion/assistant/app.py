@@ -35,6 +35,7 @@ from bastion.stores import (
     PostgresStore,
     StoreIdentity,
     TurnContext,
+    check_storable_message,
 )
 from bastion.stores.routes import InvalidRequestError, conversation_routes, json_body
 from bastion.stream import StreamStatus, create_agent_stream_response
@@ -96,7 +97,7 @@ class AssistantApp:
         messages = body.get("messages")
         if trigger not in TRIGGERS:
             raise InvalidRequestError("trigger must be 'submit-message' or 'regenerate-message'.")
-        if not isinstance(messages, list) or not messages:
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise InvalidRequestError("messages must be a non-empty list of UI messages.")
         identity = StoreIdentity.from_principal(principal)
         turn = TurnContext(identity=identity, conversation_id=conversation_id, request_id=str(uuid.uuid4()))
@@ -140,7 +141,9 @@ class AssistantApp:
     ) -> None:
         """A conversation's first message (the AI SDK client sends one message then) creates it for the
         caller. An id that is taken is left alone: the claim that follows finds the caller's own
-        conversation, and answers 404 for anyone else's."""
+        conversation, and answers 404 for anyone else's. A message that could not be stored is
+        refused first, so it leaves no empty conversation behind."""
+        check_storable_message(messages[0])
         with contextlib.suppress(InvalidInputError):
             await self.store.create_conversation(
                 identity, conversation_id=conversation_id, title=_title_from(messages)

@@ -12,6 +12,7 @@ from bastion.stores._migrations import (
     apply_migrations,
     available_migrations,
 )
+from bastion.stores._turns import check_storable_message
 from bastion.stores.entities import (
     Conversation,
     Feedback,
@@ -59,4 +60,5 @@ __all__ = [
     "apply_application_migrations",
     "apply_migrations",
     "available_migrations",
+    "check_storable_message",
 ]

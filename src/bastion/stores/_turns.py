@@ -20,7 +20,7 @@ from pydantic_core import to_jsonable_python
 from bastion.approvals import CanRespondToApproval
 from bastion.history import reconcile_agent_messages
 from bastion.persistence import AgentPersistence, RunInput, RunStatus, ToolOperation
-from bastion.stores.entities import TurnContext, TurnState, check_text
+from bastion.stores.entities import TurnContext, TurnState, check_text, is_storable_text
 from bastion.stores.errors import (
     InvalidInputError,
     ToolOperationConflictError,
@@ -37,6 +37,7 @@ __all__ = [
     "browser_message_ids",
     "canonical_json",
     "check_response",
+    "check_storable_message",
     "check_title",
     "json_value",
     "pending_approval_ids",
@@ -76,6 +77,8 @@ def plan_history_writes(
         {"seq": next_seq + offset, "message": message, "replace": False}
         for offset, message in enumerate(rest)
     )
+    for write in writes:
+        check_storable_message(write["message"])
     if truncate_after is not None and truncate_after >= last_seq:
         truncate_after = None
     return HistoryWrites(truncate_after, writes)
@@ -175,10 +178,10 @@ def json_value(value: Any) -> Any:
     """`value` as plain JSON that every store accepts (no NaN, no NUL), or `InvalidInputError`."""
     try:
         plain = to_jsonable_python(value)
-        text = json.dumps(plain, allow_nan=False)
+        text = json.dumps(plain, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError):
         raise InvalidInputError() from None
-    if "\\u0000" in text:
+    if "\\u0000" in text or not is_storable_text(text):
         raise InvalidInputError()
     return plain
 
@@ -186,9 +189,9 @@ def json_value(value: Any) -> Any:
 def check_response(message: Any) -> None:
     if not isinstance(message, dict) or message.get("role") != "assistant":
         raise InvalidInputError()
-    check_text(message.get("id"))
-    if not isinstance(message.get("parts"), list) or json_value(message) != message:
+    if not isinstance(message.get("parts"), list):
         raise InvalidInputError()
+    check_storable_message(message)
 
 
 def browser_message_ids(messages: Sequence[Any]) -> list[str]:
@@ -196,11 +199,28 @@ def browser_message_ids(messages: Sequence[Any]) -> list[str]:
     if not isinstance(messages, list | tuple):
         return []
     ids = (message.get("id") for message in messages if isinstance(message, dict))
-    return [value for value in ids if isinstance(value, str) and 0 < len(value) <= 200 and "\0" not in value]
+    return [
+        value for value in ids if isinstance(value, str) and 0 < len(value) <= 200 and is_storable_text(value)
+    ]
 
 
 def check_title(title: object) -> None:
-    if title is not None and (not isinstance(title, str) or len(title) > MAX_TITLE or "\x00" in title):
+    if title is not None and (
+        not isinstance(title, str) or len(title) > MAX_TITLE or not is_storable_text(title)
+    ):
+        raise InvalidInputError()
+
+
+def check_storable_message(message: dict[str, Any]) -> None:
+    """A message a turn is about to store: an id the tables accept and JSON Postgres can hold.
+
+    Reconciliation decides what a browser may write; this refuses what cannot be stored (a NUL or a
+    lone surrogate in a text or an approval reason, an id over 200 characters) as `InvalidInputError`
+    before anything is written. Every store runs it; an application that creates a conversation
+    before its first turn runs it first, so a refused message leaves no empty conversation.
+    """
+    check_text(message.get("id"))
+    if json_value(message) != message:
         raise InvalidInputError()
 
 

@@ -155,10 +155,21 @@ def parse_uuid(value: object) -> str:
 
 
 def check_text(value: object, *, max_length: int = _MAX_TEXT) -> str:
-    """A non-empty string of at most `max_length` characters without NUL (Postgres refuses NUL)."""
-    if not isinstance(value, str) or not value or len(value) > max_length or "\x00" in value:
+    """A non-empty string of at most `max_length` characters that Postgres can store."""
+    if not isinstance(value, str) or not value or len(value) > max_length or not is_storable_text(value):
         raise InvalidInputError()
     return value
+
+
+def is_storable_text(value: str) -> bool:
+    """Whether Postgres can store `value`: no NUL and no lone surrogate (JSON can carry `\\ud800`)."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_cursor(value: object) -> int:

@@ -211,7 +211,7 @@ async def json_body(request: Request, *, optional: bool = False) -> dict[str, An
         return {}
     try:
         body = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
         raise InvalidRequestError("The body must be a JSON object.") from None
     if not isinstance(body, dict):
         raise InvalidRequestError("The body must be a JSON object.")
@@ -227,7 +227,7 @@ def _conversation_id(context: RequestContext) -> str:
 
 
 def _cursor(value: str) -> int:
-    if not value.isdigit() or len(value) > 18:
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
         raise InvalidRequestError("after must be a non-negative event cursor.")
     return int(value)
 
