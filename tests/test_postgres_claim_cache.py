@@ -15,7 +15,7 @@ import pytest
 from bastion.history import AgentHistoryConflictError
 from bastion.persistence import RunInput, RunOutcome, RunStart, ToolOperation
 from bastion.stores import NotFoundError, PostgresStore, StoreIdentity, TurnConflictError, TurnContext
-from bastion.stores._tail_cache import CachedTail, TailCache, tail_key
+from bastion.stores._tail_cache import CachedTail, TailCache, row_size, tail_key
 from tests.conftest import MigratedDatabase
 from tests.pg import RoundTripCounter
 from tests.test_postgres_store import (
@@ -397,6 +397,81 @@ def test_a_tail_longer_than_max_rows_is_not_kept_and_forgets_the_older_one() -> 
     long = CachedTail(revision=2, last_seq=3, first_seq=1, rows=((1, message), (2, message), (3, message)))
     cache.put(key, long)
     assert cache.get(key) is None
+
+
+def _sized_tail(revision: int, *texts: str) -> CachedTail:
+    rows = tuple((seq, user_message(f"u{seq}", text)) for seq, text in enumerate(texts, start=1))
+    return CachedTail(revision=revision, last_seq=len(rows), first_seq=1, rows=rows)
+
+
+def test_a_cached_tail_measures_its_rows() -> None:
+    tail = _sized_tail(1, "x" * 1000, "y" * 10)
+    assert tail.sizes == tuple(row_size(message) for _, message in tail.rows)
+    assert 1010 < tail.size < 1300
+    with pytest.raises(ValueError):
+        CachedTail(revision=1, last_seq=1, first_seq=1, rows=tail.rows, sizes=(1,))
+
+
+def test_the_cache_forgets_the_least_recently_used_tails_beyond_its_bytes() -> None:
+    cache = TailCache(100, max_bytes=4000)
+    keys = [(str(uuid.uuid4()), None, str(uuid.uuid4())) for _ in range(9)]
+    tail = _sized_tail(1, "x" * 400)
+    assert 400 < tail.size <= 4000 // 8 and 8 * tail.size <= 4000 < 9 * tail.size
+    for key in keys[:8]:
+        cache.put(key, tail)
+    assert cache.bytes == 8 * tail.size
+    assert cache.get(keys[0]) is not None
+    cache.put(keys[8], tail)
+    assert [cache.get(key) is not None for key in keys] == [True, False, *[True] * 7]
+    assert cache.bytes == 8 * tail.size
+    cache.put(keys[0], _sized_tail(2, "x" * 10))
+    assert cache.bytes == 7 * tail.size + _sized_tail(2, "x" * 10).size
+
+
+def test_a_tail_over_an_eighth_of_the_bytes_is_not_kept_and_forgets_the_older_one() -> None:
+    cache = TailCache(4, max_bytes=8 * 1000)
+    key = (str(uuid.uuid4()), None, str(uuid.uuid4()))
+    cache.put(key, _sized_tail(1, "x" * 100))
+    assert cache.get(key) is not None
+    cache.put(key, _sized_tail(2, "x" * 1000))
+    assert cache.get(key) is None
+    assert cache.bytes == 0
+
+
+@pytest.mark.parametrize("max_bytes", [0, -1, 1.5, True])
+def test_a_cache_byte_budget_must_be_a_positive_integer(max_bytes: Any) -> None:
+    with pytest.raises(ValueError):
+        TailCache(4, max_bytes=max_bytes)
+
+
+async def test_large_messages_never_make_the_store_remember_more_than_its_bytes(
+    migrated_database: MigratedDatabase,
+) -> None:
+    budget = 200_000  # a tail may hold 25 KB; twelve conversations of 20 KB do not fit
+    async with await PostgresStore.open(migrated_database.app_dsn, claim_cache_bytes=budget) as store:
+        alice = identity()
+        persistence = store.persistence()
+        conversations = [(await store.create_conversation(alice)).id for _ in range(12)]
+        histories: dict[str, list[dict[str, Any]]] = {cid: [] for cid in conversations}
+        for n in range(4):
+            for cid in conversations:
+                message = user_message(f"u{n}", "x" * 5_000)
+                answer = assistant_message(f"a{n}", "y" * 100)
+                await turn(persistence, alice, cid, [*histories[cid], message], response=answer)
+                histories[cid] += [message, answer]
+                assert store._tails.bytes <= budget
+        remembered = [store._tails.get(tail_key(alice, cid)) for cid in conversations]
+        kept = [entry for entry in remembered if entry is not None]
+        assert 0 < len(kept) < len(conversations)
+        assert remembered[-1] is not None  # the most recent conversation stays
+        for entry in kept:
+            assert entry.sizes == tuple(row_size(message) for _, message in entry.rows)
+        assert store._tails.bytes == sum(entry.size for entry in kept)
+        big = user_message("u9", "z" * (budget // 8))
+        cid = conversations[-1]
+        await turn(persistence, alice, cid, [*histories[cid], big], response=assistant_message("a9"))
+        assert store._tails.get(tail_key(alice, cid)) is None
+        assert [m["id"] for m in await stored(store, alice, cid)][-2:] == ["u9", "a9"]
 
 
 async def test_a_conversation_deleted_and_created_again_elsewhere_is_not_served_from_an_old_tail(

@@ -5,10 +5,13 @@ and every stored row from `first_seq` on. It is only a guess: the database check
 under the conversation's lock before anything is written (`bastion.claim_turn`), and a stale guess
 costs a fresh load, never a wrong write. Entries are keyed by user, tenant and conversation, so one
 identity never reconciles against what another loaded, and the least recently used ones go first.
+The cache is bounded in messages and in bytes (each row's JSON length, measured once when it
+enters), so large messages such as inline files cannot make a process hold more than its budget.
 """
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,17 +20,20 @@ from typing import Any, TypeAlias
 from bastion.stores.entities import StoreIdentity
 
 __all__ = [
+    "DEFAULT_MAX_BYTES",
     "CachedTail",
     "TailCache",
     "TailKey",
     "claimed_tail",
     "finished_tail",
     "loaded_tail",
+    "row_size",
     "tail_key",
 ]
 
 TailKey: TypeAlias = tuple[str, str | None, str]
 DEFAULT_MAX_ROWS = 400
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 Row: TypeAlias = tuple[int, dict[str, Any]]
 
 
@@ -44,6 +50,22 @@ class CachedTail:
     first_seq: int
     rows: tuple[Row, ...]
     incarnation: str | None = None
+    sizes: tuple[int, ...] | None = None  # each row's JSON length, in the order of `rows`; measured if None
+
+    def __post_init__(self) -> None:
+        if self.sizes is None:
+            object.__setattr__(self, "sizes", tuple(row_size(message) for _, message in self.rows))
+        elif len(self.sizes) != len(self.rows):
+            raise ValueError("A cached tail needs one size per row.")
+
+    @property
+    def size(self) -> int:
+        return sum(self._sizes)
+
+    @property
+    def _sizes(self) -> tuple[int, ...]:
+        assert self.sizes is not None  # set by __post_init__
+        return self.sizes
 
     def covers_window(self, window: int) -> bool:
         """Whether the rows hold the last `window` messages (or the whole conversation)."""
@@ -55,6 +77,11 @@ class CachedTail:
 
 def tail_key(identity: StoreIdentity, conversation_id: str) -> TailKey:
     return (identity.user_id, identity.tenant_id, conversation_id)
+
+
+def row_size(message: dict[str, Any]) -> int:
+    """Roughly the memory a remembered message costs: the length of its JSON text."""
+    return len(json.dumps(message, ensure_ascii=False, separators=(",", ":")))
 
 
 def loaded_tail(revision: int, last_seq: int, rows: Sequence[Row]) -> CachedTail:
@@ -74,40 +101,67 @@ def claimed_tail(
     incarnation: str,
 ) -> CachedTail:
     """`before` after a claim dropped the rows after `truncate_after` and wrote `written` (as stored)."""
-    kept = tuple(
-        (seq, message)
-        for seq, message in before.rows
-        if (truncate_after is None or seq <= truncate_after) and (written_from is None or seq < written_from)
+    kept = [
+        (row, size)
+        for row, size in zip(before.rows, before._sizes, strict=True)
+        if (truncate_after is None or row[0] <= truncate_after)
+        and (written_from is None or row[0] < written_from)
+    ]
+    return CachedTail(
+        revision,
+        last_seq,
+        before.first_seq,
+        tuple(row for row, _ in kept) + tuple(written),
+        incarnation,
+        sizes=tuple(size for _, size in kept) + tuple(row_size(message) for _, message in written),
     )
-    return CachedTail(revision, last_seq, before.first_seq, kept + tuple(written), incarnation)
 
 
 def finished_tail(before: CachedTail, *, revision: int, last_seq: int, saved: Row | None) -> CachedTail:
     """`before` after a finish appended or replaced the response `saved` (as stored)."""
     if saved is None:
-        return CachedTail(revision, last_seq, before.first_seq, before.rows, before.incarnation)
-    kept = tuple(row for row in before.rows if row[0] < saved[0])
-    return CachedTail(revision, last_seq, before.first_seq, (*kept, saved), before.incarnation)
+        return CachedTail(revision, last_seq, before.first_seq, before.rows, before.incarnation, before.sizes)
+    kept = [(row, size) for row, size in zip(before.rows, before._sizes, strict=True) if row[0] < saved[0]]
+    return CachedTail(
+        revision,
+        last_seq,
+        before.first_seq,
+        (*(row for row, _ in kept), saved),
+        before.incarnation,
+        sizes=(*(size for _, size in kept), row_size(saved[1])),
+    )
 
 
 class TailCache:
     """A bounded least-recently-used map of `CachedTail`s; `size` 0 remembers nothing.
 
-    A tail of more than `max_rows` messages is not kept: memory stays bounded by `size * max_rows`
-    messages, and a very long conversation simply claims in two round trips.
+    At most `size` tails and `max_bytes` of rows in all. A tail of more than `max_rows` messages or
+    more than an eighth of `max_bytes` is not kept, so one conversation cannot push out the rest: a
+    very long or very large conversation simply claims in two round trips.
     """
 
-    def __init__(self, size: int, *, max_rows: int = DEFAULT_MAX_ROWS) -> None:
+    def __init__(
+        self, size: int, *, max_rows: int = DEFAULT_MAX_ROWS, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
         if type(size) is not int or size < 0:
             raise ValueError("The claim cache size must be a non-negative integer.")
         if type(max_rows) is not int or max_rows < 1:
             raise ValueError("The claim cache's max_rows must be a positive integer.")
+        if type(max_bytes) is not int or max_bytes < 1:
+            raise ValueError("The claim cache's max_bytes must be a positive integer.")
         self._size = size
         self._max_rows = max_rows
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._entries: OrderedDict[TailKey, CachedTail] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def bytes(self) -> int:
+        """The bytes of rows remembered now."""
+        return self._bytes
 
     def get(self, key: TailKey) -> CachedTail | None:
         entry = self._entries.get(key)
@@ -119,16 +173,20 @@ class TailCache:
         """Remember `entry`, unless this process already saw a later revision of the conversation."""
         if self._size == 0:
             return
-        if len(entry.rows) > self._max_rows:
-            self._entries.pop(key, None)
+        if len(entry.rows) > self._max_rows or entry.size > self._max_bytes // 8:
+            self.evict(key)
             return
         current = self._entries.get(key)
         if current is not None and current.revision > entry.revision:
             return
+        self.evict(key)
         self._entries[key] = entry
-        self._entries.move_to_end(key)
-        while len(self._entries) > self._size:
-            self._entries.popitem(last=False)
+        self._bytes += entry.size
+        while len(self._entries) > self._size or self._bytes > self._max_bytes:
+            _, oldest = self._entries.popitem(last=False)
+            self._bytes -= oldest.size
 
     def evict(self, key: TailKey) -> None:
-        self._entries.pop(key, None)
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._bytes -= entry.size

@@ -36,6 +36,7 @@ from bastion.persistence import (
 )
 from bastion.stores._migrations import apply_migrations
 from bastion.stores._tail_cache import (
+    DEFAULT_MAX_BYTES,
     CachedTail,
     TailCache,
     TailKey,
@@ -104,7 +105,7 @@ class PostgresStore:
     transaction-mode pooler (Supabase's), which cannot keep prepared statements. `admin_conninfo`
     is the owner's connection, used only by `migrate()`. `claim_cache_size` bounds how many
     conversations' stored tails this process remembers to claim a later turn in one round trip
-    (0 remembers none).
+    (0 remembers none), and `claim_cache_bytes` the bytes of messages they hold in all.
     """
 
     def __init__(
@@ -114,11 +115,12 @@ class PostgresStore:
         admin_conninfo: str | None = None,
         owns_pool: bool = False,
         claim_cache_size: int = 256,
+        claim_cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self._pool = pool
         self._admin_conninfo = admin_conninfo
         self._owns_pool = owns_pool
-        self._tails = TailCache(claim_cache_size)
+        self._tails = TailCache(claim_cache_size, max_bytes=claim_cache_bytes)
 
     @classmethod
     async def open(
@@ -130,10 +132,16 @@ class PostgresStore:
         min_size: int = 1,
         max_size: int = 10,
         claim_cache_size: int = 256,
+        claim_cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> PostgresStore:
         """A store over a connection string (opening its own pool) or an existing pool."""
         if not isinstance(conninfo, str):
-            return cls(conninfo, admin_conninfo=admin_conninfo, claim_cache_size=claim_cache_size)
+            return cls(
+                conninfo,
+                admin_conninfo=admin_conninfo,
+                claim_cache_size=claim_cache_size,
+                claim_cache_bytes=claim_cache_bytes,
+            )
         pool: Pool = AsyncConnectionPool(
             conninfo,
             min_size=min_size,
@@ -141,7 +149,13 @@ class PostgresStore:
             kwargs={"autocommit": True, "prepare_threshold": prepare_threshold},
             open=False,
         )
-        store = cls(pool, admin_conninfo=admin_conninfo, owns_pool=True, claim_cache_size=claim_cache_size)
+        store = cls(
+            pool,
+            admin_conninfo=admin_conninfo,
+            owns_pool=True,
+            claim_cache_size=claim_cache_size,
+            claim_cache_bytes=claim_cache_bytes,
+        )
         await pool.open(wait=True)
         return store
 
