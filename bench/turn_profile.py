@@ -119,7 +119,7 @@ async def profiled_turn(
         with clock.stage("encoding"):
             wire, parsed = to_client_json(chunk)
             assembler.apply(parsed)
-            events.append(b"data: " + wire.encode() + b"\n\n")
+            events.append(b"data: " + wire + b"\n\n")
     # The tool operation ran inside the model stream's reads: count it once, under its own name.
     clock.wall["model stream"] -= clock.wall["tool operation"]
     clock.cpu["model stream"] -= clock.cpu["tool operation"]

@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from bastion.stores import check_storable_message
 from bastion.stream import DEFAULT_ERROR_TEXT, StreamStatus, create_agent_stream_response
 from tests.ai_sdk import SDKS, run_chat, send
 
@@ -570,6 +571,28 @@ async def test_ai_sdk_client_assembles_plain_text_like_the_server(server: Stream
     states = await run_chat(sdk, server.url, [send("Hi")])
     assert_client_matches_server(states, server)
     assert states[0]["finishReason"] == "stop"
+
+
+UNENCODABLE_TURN = step(
+    text("t1", "NUL\x00 here, ", "lone \ud800 surrogate"),
+    {"type": "tool-input-available", "toolCallId": "c1", "toolName": "read", "input": {"path": "a\x00b"}},
+    {"type": "tool-output-available", "toolCallId": "c1", "output": {"bytes\x00": "\udc80\x00"}},
+)
+
+
+@pytest.mark.parametrize("sdk", SDKS)
+async def test_nul_and_lone_surrogates_reach_the_client_and_the_store_as_replacement_characters(
+    server: StreamServer, sdk: str
+) -> None:
+    server.serve(ScriptedResult(UNENCODABLE_TURN))
+    states = await run_chat(sdk, server.url, [send("Read it")])
+    assert_client_matches_server(states, server)
+    [(message, status)] = server.finished
+    assert status == "completed"
+    assert message["parts"][1]["text"] == "NUL\ufffd here, lone \ufffd surrogate"
+    assert message["parts"][2]["input"] == {"path": "a\ufffdb"}
+    assert message["parts"][2]["output"] == {"bytes\ufffd": "\ufffd\ufffd"}
+    check_storable_message(message)
 
 
 @pytest.mark.parametrize("sdk", SDKS)

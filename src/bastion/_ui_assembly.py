@@ -11,6 +11,7 @@ numbers read as the client reads them: `1.0` becomes `1`.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -55,17 +56,47 @@ def _loads(text: str) -> Any:
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
-def to_client_json(value: Any) -> tuple[str, Any]:
-    """The compact wire text of `value` and the value the client parses from it.
+def to_client_json(value: Any) -> tuple[bytes, Any]:
+    """The compact UTF-8 wire text of `value` and the value the client parses from it.
 
     Raises `ValueError` or `TypeError` for values that are not JSON (NaN, sets, objects).
+    A NUL or a lone surrogate (which a model or a tool can produce, and which neither UTF-8 nor
+    Postgres can carry) becomes U+FFFD, so the client and the stored message see the same text.
     A flat object of strings (every text and reasoning chunk) reads back as itself, so the hot path
     skips parsing it again.
     """
     text = _encode(value)
+    wire = _utf8(text)
+    if wire is None:
+        value = _replace_unencodable(value)
+        text = _encode(value)
+        wire = text.encode()
     if type(value) is dict and all(type(item) is str for item in value.values()):
-        return text, value
-    return text, _loads(text)
+        return wire, value
+    return wire, _loads(text)
+
+
+def _utf8(text: str) -> bytes | None:
+    """`text` as UTF-8, or None when it holds a NUL (escaped by JSON) or a lone surrogate."""
+    if "\\u0000" in text:
+        return None
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return None
+
+
+_UNENCODABLE: Final = re.compile("[\x00\ud800-\udfff]")
+
+
+def _replace_unencodable(value: Any) -> Any:
+    if isinstance(value, str):
+        return _UNENCODABLE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_replace_unencodable(key): _replace_unencodable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_replace_unencodable(item) for item in value]
+    return value
 
 
 # --- chunk fields accepted by both `ai` 6 and 7 (`uiMessageChunkSchema`), for the chunks the loop emits ---

@@ -159,7 +159,7 @@ def _response_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def _event(chunk: Mapping[str, Any]) -> bytes:
-    return b"data: " + to_client_json(chunk)[0].encode() + b"\n\n"
+    return b"data: " + to_client_json(chunk)[0] + b"\n\n"
 
 
 class _Turn:
@@ -207,7 +207,7 @@ class _Turn:
             async for chunk in iterator:
                 wire, parsed = to_client_json(chunk)
                 self._assembler.apply(parsed)
-                self._send(b"data: " + wire.encode() + b"\n\n")
+                self._send(b"data: " + wire + b"\n\n")
         except (Exception, asyncio.CancelledError) as exc:
             # The turn runs shielded in its own task: a cancellation reaching here came from inside the
             # turn (a tool or a hook), and the turn still has to settle.
