@@ -50,22 +50,17 @@ class CachedTail:
     first_seq: int
     rows: tuple[Row, ...]
     incarnation: str | None = None
-    sizes: tuple[int, ...] | None = None  # each row's JSON length, in the order of `rows`; measured if None
+    sizes: tuple[int, ...] = ()  # each row's JSON length, in the order of `rows`; measured when not given
 
     def __post_init__(self) -> None:
-        if self.sizes is None:
+        if not self.sizes and self.rows:
             object.__setattr__(self, "sizes", tuple(row_size(message) for _, message in self.rows))
         elif len(self.sizes) != len(self.rows):
             raise ValueError("A cached tail needs one size per row.")
 
     @property
     def size(self) -> int:
-        return sum(self._sizes)
-
-    @property
-    def _sizes(self) -> tuple[int, ...]:
-        assert self.sizes is not None  # set by __post_init__
-        return self.sizes
+        return sum(self.sizes)
 
     def covers_window(self, window: int) -> bool:
         """Whether the rows hold the last `window` messages (or the whole conversation)."""
@@ -103,7 +98,7 @@ def claimed_tail(
     """`before` after a claim dropped the rows after `truncate_after` and wrote `written` (as stored)."""
     kept = [
         (row, size)
-        for row, size in zip(before.rows, before._sizes, strict=True)
+        for row, size in zip(before.rows, before.sizes, strict=True)
         if (truncate_after is None or row[0] <= truncate_after)
         and (written_from is None or row[0] < written_from)
     ]
@@ -121,7 +116,7 @@ def finished_tail(before: CachedTail, *, revision: int, last_seq: int, saved: Ro
     """`before` after a finish appended or replaced the response `saved` (as stored)."""
     if saved is None:
         return CachedTail(revision, last_seq, before.first_seq, before.rows, before.incarnation, before.sizes)
-    kept = [(row, size) for row, size in zip(before.rows, before._sizes, strict=True) if row[0] < saved[0]]
+    kept = [(row, size) for row, size in zip(before.rows, before.sizes, strict=True) if row[0] < saved[0]]
     return CachedTail(
         revision,
         last_seq,
