@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import socket
 import subprocess
 import sys
@@ -64,12 +65,21 @@ def test_no_model_means_the_demo_model() -> None:
     assert resolve_model(AssistantConfig.from_env({})) is None
 
 
-def test_an_openai_compatible_base_url_gives_that_model() -> None:
+@pytest.mark.parametrize(
+    ("configured", "served"),
+    [
+        ("llama3", "llama3"),
+        ("openai:llama3", "llama3"),
+        ("openai-chat:qwen3", "qwen3"),
+        ("llama3:8b", "llama3:8b"),
+    ],
+)
+def test_an_openai_compatible_base_url_gives_the_name_that_server_knows(configured: str, served: str) -> None:
     config = AssistantConfig.from_env(
-        {"BASTION_MODEL": "llama3", "BASTION_MODEL_BASE_URL": "http://127.0.0.1:1/v1"}
+        {"BASTION_MODEL": configured, "BASTION_MODEL_BASE_URL": "http://127.0.0.1:1/v1"}
     )
     model = resolve_model(config)
-    assert model is not None and model.model_name == "llama3"
+    assert model is not None and model.model_name == served
 
 
 def test_development_sign_in_needs_a_loopback_host() -> None:
@@ -86,6 +96,27 @@ def test_supabase_settings_replace_development_sign_in(tmp_path: Path) -> None:
     assert sign_in is None
     assert env.issuer == "https://ref.supabase.co/auth/v1"
     assert not (tmp_path / "dev-signing-key.pem").exists()
+
+
+def _dockerfile_environment() -> dict[str, str]:
+    """The variables the Dockerfile's ENV sets (`NAME=value` pairs, continued with backslashes)."""
+    text = (Path(__file__).parent.parent / "Dockerfile").read_text()
+    env_block = re.search(r"^ENV ((?:.*\\\n)*.*)$", text, re.MULTILINE)
+    assert env_block is not None
+    return dict(re.findall(r"([A-Z_]+)=(\S+)", env_block.group(1)))
+
+
+def test_the_container_listens_beyond_loopback_with_supabase_sign_in(tmp_path: Path) -> None:
+    environ = _dockerfile_environment()
+    assert environ["BASTION_HOST"] == "0.0.0.0"
+    with pytest.raises(ConfigError, match="SUPABASE_URL"):
+        supabase_env(AssistantConfig.from_env({**environ, "BASTION_DATA_DIR": str(tmp_path)}))
+    config = AssistantConfig.from_env(
+        {**environ, "BASTION_DATA_DIR": str(tmp_path), "SUPABASE_URL": "https://ref.supabase.co"}
+    )
+    env, sign_in = supabase_env(config)
+    assert (config.host, config.port, sign_in) == ("0.0.0.0", 8000, None)
+    assert env.issuer == "https://ref.supabase.co/auth/v1"
 
 
 def test_users_mcp_credentials_under_supabase_sign_in_need_a_credentials_key(tmp_path: Path) -> None:
@@ -208,6 +239,23 @@ def test_bastion_token_prints_a_token_for_scripts(tmp_path: Path) -> None:
     done = bastion("token", "ada", "--data-dir", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert jwt.decode(done.stdout.strip(), options={"verify_signature": False})["email"] == "ada@localhost"
+
+
+async def test_a_token_from_bastion_token_works_with_a_server_on_another_port(tmp_path: Path) -> None:
+    done = bastion("token", "ada", "--data-dir", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for port in ("8000", "9123"):
+        config = AssistantConfig.from_env({"BASTION_PORT": port, "BASTION_DATA_DIR": str(tmp_path)})
+        env, _ = supabase_env(config)
+        principal = await TokenVerifier(env).verify(done.stdout.strip())
+        assert principal.id == DevelopmentSignIn.user_id("ada")
+
+
+@pytest.mark.parametrize("command", ["token", "migrate"])
+def test_commands_that_do_not_listen_take_no_listening_address(tmp_path: Path, command: str) -> None:
+    help_text = bastion(command, "--help", cwd=tmp_path).stdout
+    assert "--data-dir" in help_text
+    assert "listen" not in help_text
 
 
 def test_bastion_token_refuses_a_bad_user_name(tmp_path: Path) -> None:

@@ -25,10 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     migrate = commands.add_parser("migrate", help="apply the database migrations and exit")
     token = commands.add_parser("token", help="print a development sign-in token for USER")
     token.add_argument("user", help="a user name (letters, digits, dots, dashes, underscores)")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1, or BASTION_HOST)")
+    serve.add_argument("--port", type=int, help="port to listen on (default 8000, or BASTION_PORT)")
     for command in (serve, migrate, token):
-        command.add_argument("--host", help="address to listen on (default 127.0.0.1, or BASTION_HOST)")
-        command.add_argument("--port", type=int, help="port to listen on (default 8000, or BASTION_PORT)")
-        command.add_argument("--data-dir", type=Path, help="where local state lives (default .bastion)")
+        command.add_argument(
+            "--data-dir", type=Path, help="where local state lives (default .bastion, or BASTION_DATA_DIR)"
+        )
     args = parser.parse_args(argv)
     # The embedded database's helper library warns about a runtime directory it does not need here.
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
@@ -38,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     from bastion.assistant.server import STARTUP_ERRORS, fail
 
     try:
-        config = AssistantConfig.from_env(host=args.host, port=args.port, data_dir=args.data_dir)
+        config = AssistantConfig.from_env(
+            host=getattr(args, "host", None), port=getattr(args, "port", None), data_dir=args.data_dir
+        )
         if args.command == "serve":
             return _serve(config)
         if args.command == "migrate":

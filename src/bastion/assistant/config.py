@@ -127,6 +127,9 @@ class AssistantConfig:
         return f"http://{host}:{self.port}"
 
 
+_OPENAI_PREFIXES = ("openai:", "openai-chat:")
+
+
 def _port(value: str | None) -> int:
     if value is None:
         return DEFAULT_PORT
@@ -143,6 +146,14 @@ def _positive_int(name: str, value: str | None) -> int | None:
     return int(value)
 
 
+def _served_model_name(model: str) -> str:
+    """The name an OpenAI-compatible server knows: `openai:qwen3` is `qwen3` (but `llama3:8b` stays)."""
+    for prefix in _OPENAI_PREFIXES:
+        if model.startswith(prefix) and len(model) > len(prefix):
+            return model[len(prefix) :]
+    return model
+
+
 def resolve_model(config: AssistantConfig) -> Model | None:
     """The configured model, or None for the offline demo model. Errors say which variable to fix."""
     if config.model is None:
@@ -154,7 +165,7 @@ def resolve_model(config: AssistantConfig) -> Model | None:
         provider = OpenAIProvider(
             base_url=config.model_base_url, api_key=config.model_api_key or "not-needed"
         )
-        return OpenAIChatModel(config.model, provider=provider)
+        return OpenAIChatModel(_served_model_name(config.model), provider=provider)
     from pydantic_ai.exceptions import UserError
     from pydantic_ai.models import infer_model
 

@@ -33,6 +33,9 @@ __all__ = ["RunningAssistant", "development_sign_in", "running_assistant", "serv
 
 logger = logging.getLogger("bastion.assistant")
 
+# The issuer of development tokens: a fixed name, not where the server listens (see development_sign_in).
+DEVELOPMENT_ISSUER_URL = "http://localhost"
+
 Progress = Callable[[str], None]
 
 
@@ -48,8 +51,12 @@ class RunningAssistant:
 
 
 def development_sign_in(config: AssistantConfig) -> DevelopmentSignIn:
-    """Local sign-in for this address; its tokens name the server's own issuer."""
-    return DevelopmentSignIn(data_dir=config.data_dir, issuer=f"{config.base_url}/auth/v1")
+    """Local sign-in with the data directory's key.
+
+    Its issuer names development sign-in rather than an address, so a token from `bastion token`
+    works with a server on any loopback host and port that uses the same data directory.
+    """
+    return DevelopmentSignIn(data_dir=config.data_dir, issuer=f"{DEVELOPMENT_ISSUER_URL}/auth/v1")
 
 
 def supabase_env(config: AssistantConfig) -> tuple[SupabaseEnv, DevelopmentSignIn | None]:
@@ -70,7 +77,7 @@ def supabase_env(config: AssistantConfig) -> tuple[SupabaseEnv, DevelopmentSignI
             "Set SUPABASE_URL to use Supabase sign-in, or serve on 127.0.0.1."
         )
     sign_in = development_sign_in(config)
-    return SupabaseEnv(url=config.base_url, jwks=sign_in.jwks), sign_in
+    return SupabaseEnv(url=DEVELOPMENT_ISSUER_URL, jwks=sign_in.jwks), sign_in
 
 
 @contextlib.asynccontextmanager
