@@ -18,6 +18,7 @@ from bastion import (
     AgentCancelledError,
     AgentSessionClosedError,
     AgentTools,
+    CallOrigin,
     DuplicateToolNameError,
     Skill,
     Tool,
@@ -545,21 +546,76 @@ async def test_a_policy_cannot_remove_a_tools_own_approval() -> None:
 
 async def test_every_execution_goes_through_the_execute_tool_hook() -> None:
     recorder = Recorder()
-    seen: list[tuple[str, str, Any]] = []
+    seen: list[tuple[str, str, Any, CallOrigin, bool]] = []
 
-    async def claim(*, name: str, tool_call_id: str, input: Any, execute: Any) -> Any:
-        seen.append((name, tool_call_id, input))
+    async def claim(
+        *, name: str, tool_call_id: str, input: Any, execute: Any, origin: CallOrigin, idempotent: bool
+    ) -> Any:
+        seen.append((name, tool_call_id, input, origin, idempotent))
         if tool_call_id == "stored":
             return {"from": "storage"}
-        return await execute()
+        return await execute("the-key")
 
     agent = define_agent(name="a", instructions="", tools=recorder.factory())
     model = ScriptedModel([Call("lookup", {"q": "a"}, "stored"), Call("lookup", {"q": "b"}, "fresh")], ["ok"])
     _, _, chunks = await run_turn(agent, model, [user("hi")], execute_tool=claim)
-    assert seen == [("lookup", "stored", {"q": "a"}), ("lookup", "fresh", {"q": "b"})]
+    assert seen == [
+        ("lookup", "stored", {"q": "a"}, CallOrigin(step=0, index=0), False),
+        ("lookup", "fresh", {"q": "b"}, CallOrigin(step=0, index=1), False),
+    ]
     assert recorder.executed == [{"q": "b", "user": "u1"}]
     outputs = [chunk["output"] for chunk in chunks if chunk["type"] == "tool-output-available"]
     assert outputs[0] == {"from": "storage"}
+
+
+async def test_a_tool_gets_the_operation_key_the_hook_chose_even_behind_a_policy() -> None:
+    keys: list[str | None] = []
+
+    @tool(idempotent=True)
+    async def save(text: str, call: ToolCall) -> str:
+        """Save."""
+        keys.append(call.operation_key)
+        return "saved"
+
+    origins: list[tuple[CallOrigin, bool]] = []
+
+    async def claim(*, execute: Any, origin: CallOrigin, idempotent: bool, **_: Any) -> Any:
+        origins.append((origin, idempotent))
+        return await execute(f"key-{origin.step}")
+
+    agent = define_agent(
+        name="a",
+        instructions="",
+        tools=lambda ctx: [save],
+        permissions={"save": ToolPolicy(can_execute=lambda c, call: True)},
+    )
+    model = ScriptedModel(
+        [Call("save", {"text": "a"}, "call_0")], [Call("save", {"text": "b"}, "call_0")], ["ok"]
+    )
+    await run_turn(agent, model, [user("hi")], execute_tool=claim)
+    assert keys == ["key-0", "key-1"]
+    assert origins == [(CallOrigin(step=0, index=0), True), (CallOrigin(step=1, index=0), True)]
+
+
+async def test_without_a_hook_each_call_of_a_turn_still_gets_its_own_operation_key() -> None:
+    keys: list[str | None] = []
+
+    @tool
+    async def save(text: str, call: ToolCall) -> str:
+        """Save."""
+        keys.append(call.operation_key)
+        return "saved"
+
+    agent = define_agent(name="a", instructions="", tools=lambda ctx: [save])
+    script = (
+        [Call("save", {"text": "a"}, "call_0"), Call("save", {"text": "b"}, "call_0")],
+        [Call("save", {"text": "c"}, "call_0")],
+    )
+    await run_turn(agent, ScriptedModel(*script, ["ok"]), [user("hi")])
+    await run_turn(agent, ScriptedModel(*script, ["ok"]), [user("hi")])
+    assert len(keys) == 6
+    assert all(key is not None for key in keys)
+    assert len(set(keys)) == 6
 
 
 # Session lifecycle and resources

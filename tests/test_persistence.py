@@ -19,6 +19,7 @@ from bastion.persistence import (
     ToolOperation,
     start_agent_run,
 )
+from bastion.tools import CallOrigin, operation_key
 
 INCOMING = [{"id": "u2", "role": "user", "parts": [{"type": "text", "text": "New"}]}]
 CANONICAL = [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "Stored"}]}, *INCOMING]
@@ -44,6 +45,7 @@ class RecordingStore(AgentPersistence[Caller, Claim]):
     """A store that records its calls; `save_gate` holds finish_run open, `save_errors` fail saves."""
 
     start_error: Exception | None = None
+    start_result: RunStart[Claim] | None = None
     save_gate: asyncio.Event | None = None
     save_errors: list[BaseException] = field(default_factory=list)
     starts: list[tuple[Caller, RunInput]] = field(default_factory=list)
@@ -54,7 +56,7 @@ class RecordingStore(AgentPersistence[Caller, Claim]):
         self.starts.append((context, input))
         if self.start_error is not None:
             raise self.start_error
-        return RunStart(messages=CANONICAL, state=STATE)
+        return self.start_result or RunStart(messages=CANONICAL, state=STATE)
 
     async def finish_run(self, context: Caller, state: Claim, outcome: RunOutcome) -> None:
         assert (context, state) == (CONTEXT, STATE)
@@ -81,13 +83,15 @@ class ExecutingStore(RecordingStore):
 
 
 class SideEffect:
-    """A tool's side effect that counts how often it ran."""
+    """A tool's side effect that counts how often it ran, and under which operation keys."""
 
     def __init__(self) -> None:
         self.runs = 0
+        self.keys: list[str] = []
 
-    async def __call__(self) -> str:
+    async def __call__(self, key: str) -> str:
         self.runs += 1
+        self.keys.append(key)
         return "fresh result"
 
 
@@ -137,10 +141,68 @@ async def test_tool_execution_goes_through_the_store_callback() -> None:
     run = await start(store)
     effect = SideEffect()
     assert await run_tool(run, effect) == "fresh result"
-    assert store.operations == [
-        ToolOperation(name="change_plan", tool_call_id="call-1", input={"plan": "pro"}, execute=effect)
-    ]
+    [operation] = store.operations
+    assert (operation.name, operation.tool_call_id, operation.input) == (
+        "change_plan",
+        "call-1",
+        {"plan": "pro"},
+    )
+    assert operation.key == f"{run.operation_scope}/call/call-1"
+    assert operation.idempotent is False
     assert effect.runs == 1
+    assert effect.keys == [operation.key]
+
+
+async def test_operation_keys_name_the_run_step_and_position_or_the_approval_never_the_id_alone() -> None:
+    store = ExecutingStore()
+    run = await start(store)
+    other_run = await start(store)
+    effect = SideEffect()
+    sites = [
+        CallOrigin(step=0, index=0),
+        CallOrigin(step=1, index=0),
+        CallOrigin(step=1, index=1),
+        CallOrigin(approval_id="approval-1"),
+    ]
+    for origin in sites:
+        await run.execute_tool(
+            name="change_plan",
+            tool_call_id="call_0",
+            input={},
+            execute=effect,
+            origin=origin,
+            idempotent=True,
+        )
+    await other_run.execute_tool(
+        name="change_plan", tool_call_id="call_0", input={}, execute=effect, origin=sites[0]
+    )
+    await other_run.execute_tool(
+        name="change_plan", tool_call_id="call_0", input={}, execute=effect, origin=sites[3]
+    )
+    keys = [operation.key for operation in store.operations]
+    assert keys[:3] == [f"{run.operation_scope}/{where}/call_0" for where in ("0.0", "1.0", "1.1")]
+    assert keys[3] == keys[5] == "approval/approval-1"
+    assert keys[4] == f"{other_run.operation_scope}/0.0/call_0" != keys[0]
+    assert [operation.idempotent for operation in store.operations] == [True] * 4 + [False] * 2
+    assert effect.keys == keys
+
+
+async def test_a_run_takes_its_operation_scope_from_the_store_so_a_replay_derives_the_same_keys() -> None:
+    store = ExecutingStore()
+    store.start_result = RunStart(messages=CANONICAL, state=STATE, operation_scope="run-7")
+    first, replayed = await start(store), await start(store)
+    assert first.operation_scope == replayed.operation_scope == "run-7"
+    without = ExecutingStore()
+    assert (await start(without)).operation_scope != (await start(without)).operation_scope
+
+
+def test_a_long_provider_id_or_approval_id_gives_a_bounded_key() -> None:
+    long_id = "x" * 500
+    step_key = operation_key("run-1", long_id, CallOrigin(step=3, index=2))
+    approval_key = operation_key("run-1", "call_0", CallOrigin(approval_id=long_id))
+    assert len(step_key) <= 200 and len(approval_key) <= 200
+    assert step_key == operation_key("run-1", long_id, CallOrigin(step=3, index=2))
+    assert step_key != operation_key("run-1", long_id[:-1] + "y", CallOrigin(step=3, index=2))
 
 
 async def test_store_may_return_a_stored_result_without_running_the_side_effect() -> None:

@@ -76,7 +76,9 @@ async def test_a_later_turn_on_a_remembered_conversation_takes_one_round_trip_to
         counter.round_trips = 0
         start = await persistence.start_run(ctx, RunInput(messages=history, trigger=SUBMIT))
         assert counter.round_trips == 1
-        operation = ToolOperation(name="lookup", tool_call_id="call-1", input={}, execute=_ok)
+        operation = ToolOperation(
+            name="lookup", tool_call_id="call-1", input={}, execute=_ok, key="op/call-1"
+        )
         await persistence.execute_tool(ctx, start.state, operation)
         assert counter.round_trips == 2
         await persistence.finish_run(

@@ -438,7 +438,9 @@ async def test_a_turn_costs_two_round_trips_to_start_one_to_finish_and_one_per_t
             start = await persistence.start_run(ctx, RunInput(messages=[user_message("u1")], trigger=SUBMIT))
             assert counter.round_trips == 2
             for call in ("call-1", "call-2"):
-                operation = ToolOperation(name="lookup", tool_call_id=call, input={}, execute=_returns("ok"))
+                operation = ToolOperation(
+                    name="lookup", tool_call_id=call, input={}, execute=_returns("ok"), key=f"op/{call}"
+                )
                 await persistence.execute_tool(ctx, start.state, operation)
             assert counter.round_trips == 4
             await persistence.finish_run(
@@ -654,10 +656,23 @@ async def started(
 
 
 def op(
-    execute: Callable[[], Any], *, call: str = "call-1", name: str = "send_email", input: Any = None
+    execute: Callable[[], Any],
+    *,
+    call: str = "call-1",
+    name: str = "send_email",
+    input: Any = None,
+    key: str | None = None,
+    idempotent: bool = False,
 ) -> ToolOperation:
+    """An operation straight to the persistence; by default keyed by its call id, so two with the
+    same call id are retries of one operation (as an approval continuation's are)."""
     return ToolOperation(
-        name=name, tool_call_id=call, input=input or {"to": "x@example.com"}, execute=execute
+        name=name,
+        tool_call_id=call,
+        input=input or {"to": "x@example.com"},
+        execute=execute,
+        key=key or f"op/{call}",
+        idempotent=idempotent,
     )
 
 

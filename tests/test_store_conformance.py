@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 
 import pytest
 
-from bastion import AgentRun, Tool, define_agent, start_agent_run, tool
+from bastion import AgentRun, CallOrigin, Tool, ToolCall, define_agent, start_agent_run, tool
 from bastion._ui_assembly import UIMessageAssembler, to_client_json
 from bastion.approvals import AgentApprovalAuthorizationError
 from bastion.history import AgentHistoryConflictError
@@ -100,10 +100,18 @@ async def event_types(store: Store, who: StoreIdentity, conversation_id: str) ->
 
 
 class Tools:
-    """The tools of the test agent; records every side effect."""
+    """The tools of the test agent; records every side effect. While `hang` is set, `delete_file`
+    and `save_note` never return (their process died in the middle of them)."""
 
     def __init__(self) -> None:
         self.executed: list[str] = []
+        self.keys: list[str | None] = []
+        self.hang: asyncio.Event | None = None
+
+    async def _maybe_hang(self) -> None:
+        if self.hang is not None:
+            self.hang.set()
+            await asyncio.Event().wait()
 
     def build(self, who: StoreIdentity) -> list[Tool]:
         @tool
@@ -116,9 +124,18 @@ class Tools:
         async def delete_file(path: str) -> str:
             """Delete a file."""
             self.executed.append(f"delete:{path}")
+            await self._maybe_hang()
             return "deleted"
 
-        return [lookup, delete_file]
+        @tool(needs_approval=True, idempotent=True)
+        async def save_note(text: str, call: ToolCall) -> dict[str, Any]:
+            """Save a note, keyed by the operation."""
+            self.executed.append(f"save:{text}")
+            self.keys.append(call.operation_key)
+            await self._maybe_hang()
+            return {"text": text, "key": call.operation_key}
+
+        return [lookup, delete_file, save_note]
 
 
 async def agent_turn(
@@ -542,10 +559,23 @@ async def started(store: Store, who: StoreIdentity) -> tuple[Persistence, TurnCo
 
 
 def op(
-    execute: Callable[[], Any], *, call: str = "call-1", name: str = "send_email", input: Any = None
+    execute: Callable[[], Any],
+    *,
+    call: str = "call-1",
+    name: str = "send_email",
+    input: Any = None,
+    key: str | None = None,
+    idempotent: bool = False,
 ) -> ToolOperation:
+    """An operation straight to the persistence; by default keyed by its call id, so two with the
+    same call id are retries of one operation (as an approval continuation's are)."""
     return ToolOperation(
-        name=name, tool_call_id=call, input=input or {"to": "x@example.com"}, execute=execute
+        name=name,
+        tool_call_id=call,
+        input=input or {"to": "x@example.com"},
+        execute=execute,
+        key=key or f"op/{call}",
+        idempotent=idempotent,
     )
 
 
@@ -570,19 +600,174 @@ async def test_a_tool_call_runs_once_and_a_retry_returns_the_stored_result(store
     assert calls == [1]
 
 
-async def test_an_agent_replaying_a_stored_tool_call_gets_the_stored_result_without_running_it(
+async def test_a_provider_reusing_call_ids_gets_a_new_operation_in_every_later_step_and_turn(
     store: Store,
 ) -> None:
     alice = identity()
     conversation = await store.create_conversation(alice)
     tools = Tools()
-    script = [Call("lookup", {"q": "owl"}, "call-1")], ["Done."]
-    await agent_turn(store, alice, conversation.id, [user_message("u1")], ScriptedModel(*script), tools)
-    _, replayed = await agent_turn(
-        store, alice, conversation.id, [user_message("u2")], ScriptedModel(*script), tools
+    first_turn = ScriptedModel(
+        [Call("lookup", {"q": "owl"}, "call_0")],
+        [Call("lookup", {"q": "owl"}, "call_0")],  # the same tool and input, a later step
+        [Call("lookup", {"q": "elk"}, "call_0")],  # another input
+        ["Done."],
     )
-    assert tools.executed == ["lookup:owl"]
-    assert tool_part(replayed, "lookup")["output"] == {"q": "owl", "owner": alice.user_id}
+    _, first = await agent_turn(store, alice, conversation.id, [user_message("u1")], first_turn, tools)
+    assert tools.executed == ["lookup:owl", "lookup:owl", "lookup:elk"]
+    again = ScriptedModel([Call("lookup", {"q": "owl"}, "call_0")], ["Done again."])
+    await agent_turn(store, alice, conversation.id, [user_message("u2")], again, tools)
+    assert tools.executed == ["lookup:owl", "lookup:owl", "lookup:elk", "lookup:owl"]
+    # Another tool under the same id in a later turn is a new call, not a mismatch.
+    asks = ScriptedModel([Call("delete_file", {"path": "/tmp/x"}, "call_0")])
+    _, asked = await agent_turn(store, alice, conversation.id, [user_message("u3")], asks, tools)
+    assert tool_part(asked, "delete_file")["state"] == "approval-requested"
+    history = await stored(store, alice, conversation.id)
+    answer = answered(history[-1])
+    _, done = await agent_turn(
+        store, alice, conversation.id, [history[-2], answer], ScriptedModel(["Deleted."]), tools
+    )
+    assert tool_part(done, "delete_file")["state"] == "output-available"
+    assert tools.executed[-1] == "delete:/tmp/x"
+    lookups = [part for part in first["parts"] if part.get("type") == "tool-lookup"]
+    assert [part["output"]["q"] for part in lookups] == ["owl", "owl", "elk"]
+
+
+async def test_a_replay_of_a_runs_step_elsewhere_finds_its_claim_and_does_not_run_again(store: Store) -> None:
+    alice = identity()
+    persistence, ctx, state = await started(store, alice)
+    runs = [
+        AgentRun(
+            persistence=persistence,
+            context=ctx,
+            start=RunStart(messages=[], state=seen, operation_scope=state.run_id),
+        )
+        for seen in (state, another_worker(state))
+    ]
+    effects: list[str] = []
+
+    async def effect(key: str) -> dict[str, str]:
+        effects.append(key)
+        return {"sent": key}
+
+    origin = CallOrigin(step=2, index=0)
+    first = await runs[0].execute_tool(
+        name="send", tool_call_id="call_0", input={}, execute=effect, origin=origin
+    )
+    # The next claim records the first call's result, as a process does with its next write.
+    await runs[0].execute_tool(
+        name="send", tool_call_id="call_0", input={}, execute=effect, origin=CallOrigin(step=3, index=0)
+    )
+    # A process replaying the run's step derives the same key from the run and gets the result.
+    replayed = await runs[1].execute_tool(
+        name="send", tool_call_id="call_0", input={}, execute=effect, origin=origin
+    )
+    assert replayed == first
+    assert effects == [f"{state.run_id}/2.0/call_0", f"{state.run_id}/3.0/call_0"]
+
+
+async def crashed_approval_continuation(
+    store: Store, who: StoreIdentity, tool_name: str
+) -> tuple[str, list[dict[str, Any]], Tools]:
+    """An approved call whose continuation died in the middle of the tool: claimed, never settled."""
+    conversation = await store.create_conversation(who)
+    tools = Tools()
+    args = {"path": "/srv/report"} if tool_name == "delete_file" else {"text": "launch on Friday"}
+    await agent_turn(
+        store,
+        who,
+        conversation.id,
+        [user_message("u1")],
+        ScriptedModel([Call(tool_name, args, "call_0")]),
+        tools,
+    )
+    history = await stored(store, who, conversation.id)
+    part = tool_part(history[-1], tool_name)
+    part["state"], part["approval"] = "approval-responded", {"id": part["approval"]["id"], "approved": True}
+    tools.hang = asyncio.Event()
+    dying = asyncio.create_task(
+        agent_turn(
+            store,
+            who,
+            conversation.id,
+            history,
+            ScriptedModel(["unreached"]),
+            tools,
+            persistence=store.persistence(lease_seconds=0),
+        )
+    )
+    await tools.hang.wait()
+    dying.cancel()  # the process died mid-call: nothing after the claim was recorded
+    with pytest.raises(asyncio.CancelledError):
+        await dying
+    tools.hang = None
+    return conversation.id, history, tools
+
+
+async def test_a_retried_approval_continuation_finds_its_claim_and_an_uncertain_call_is_not_run_again(
+    store: Store,
+) -> None:
+    alice = identity()
+    conversation_id, history, tools = await crashed_approval_continuation(store, alice, "delete_file")
+    assert tools.executed == ["delete:/srv/report"]
+    _, response = await agent_turn(
+        store, alice, conversation_id, history, ScriptedModel(["I could not tell."]), tools
+    )
+    assert tools.executed == ["delete:/srv/report"]
+    part = tool_part(response, "delete_file")
+    assert part["state"] == "output-error"
+    assert "outcome of this tool call is unknown" in part["errorText"]
+    assert "try again" not in part["errorText"].lower()
+
+
+async def test_a_retried_approval_continuation_runs_an_idempotent_tool_again_under_the_same_key(
+    store: Store,
+) -> None:
+    alice = identity()
+    conversation_id, history, tools = await crashed_approval_continuation(store, alice, "save_note")
+    _, response = await agent_turn(store, alice, conversation_id, history, ScriptedModel(["Saved."]), tools)
+    assert tools.executed == ["save:launch on Friday", "save:launch on Friday"]
+    approval_id = tool_part(history[-1], "save_note")["approval"]["id"]
+    assert tools.keys == [f"approval/{approval_id}"] * 2
+    part = tool_part(response, "save_note")
+    assert part["state"] == "output-available"
+    assert part["output"] == {"text": "launch on Friday", "key": f"approval/{approval_id}"}
+    # Completed now: a further retry of the same operation replays its result.
+    persistence, ctx = store.persistence(), context(alice, conversation_id)
+    start = await persistence.start_run(ctx, RunInput(messages=[user_message("u9")], trigger=SUBMIT))
+    operation = op(
+        _returns("never"),
+        call="call_0",
+        name="save_note",
+        key=f"approval/{approval_id}",
+        input={"text": "launch on Friday"},
+    )
+    assert await persistence.execute_tool(ctx, start.state, operation) == part["output"]
+
+
+async def test_an_idempotent_call_that_failed_runs_again_and_a_completed_one_is_replayed(
+    store: Store,
+) -> None:
+    alice = identity()
+    persistence, ctx, state = await started(store, alice)
+    attempts: list[int] = []
+
+    async def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RuntimeError("connection reset")
+        return "saved"
+
+    with pytest.raises(RuntimeError):
+        await persistence.execute_tool(ctx, state, op(flaky, idempotent=True))
+    assert await persistence.execute_tool(ctx, state, op(flaky, idempotent=True)) == "saved"
+    assert await persistence.execute_tool(ctx, state, op(flaky, idempotent=True)) == "saved"
+    with pytest.raises(ToolOperationMismatchError):
+        await persistence.execute_tool(ctx, state, op(flaky, idempotent=True, input={"to": "other"}))
+    assert len(attempts) == 2
+    await persistence.finish_run(ctx, state, RunOutcome(status="completed"))
+    types = await event_types(store, alice, state.conversation_id)
+    assert types.count("tool.started") == 2
+    assert types.count("tool.failed") == types.count("tool.completed") == 1
 
 
 async def test_a_concurrent_retry_while_in_flight_is_a_conflict(store: Store) -> None:
@@ -887,7 +1072,8 @@ async def test_of_two_answers_to_one_approval_racing_exactly_one_proceeds(store:
         fast = conflict
     decide.set()
     outcomes = [fast, *await asyncio.gather(slow, return_exceptions=True)]
-    assert sorted(type(outcome).__name__ for outcome in outcomes) == ["RunStart", "TurnConflictError"]
+    assert sorted(isinstance(outcome, TurnConflictError) for outcome in outcomes) == [False, True]
+    assert any(isinstance(outcome, RunStart) for outcome in outcomes)
     responded = [e for e in await store.list_events(alice, conversation_id) if e.type == "approval.responded"]
     assert len(responded) == 1
 

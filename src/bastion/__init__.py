@@ -30,6 +30,7 @@ from bastion.policies import (
 )
 from bastion.skills import Skill, SkillCatalog, create_skill_catalog
 from bastion.tools import (
+    CallOrigin,
     DuplicateToolNameError,
     Tool,
     ToolCall,
@@ -55,6 +56,7 @@ __all__ = [
     "AgentTools",
     "ApprovalDecision",
     "BastionError",
+    "CallOrigin",
     "DuplicateToolNameError",
     "ExecuteToolHook",
     "RunInput",

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from pydantic_ai.direct import model_request_stream
@@ -43,7 +43,15 @@ from bastion._cancel import AgentCancelledError, unless_cancelled
 from bastion._ui_messages import ConvertedHistory, denial_text
 from bastion.errors import ToolError
 from bastion.policies import GENERIC_TOOL_ERROR, tool_requires_approval
-from bastion.tools import Tool, ToolCall, ToolDenial, ToolInputError, run_executor
+from bastion.tools import (
+    CallOrigin,
+    Tool,
+    ToolCall,
+    ToolDenial,
+    ToolInputError,
+    operation_key,
+    run_executor,
+)
 
 logger = logging.getLogger("bastion.loop")
 
@@ -59,10 +67,21 @@ _FINISH_REASONS = {
 
 
 class ExecuteToolHook(Protocol):
-    """Where every execution passes, e.g. `AgentRun.execute_tool` for exactly-once claims."""
+    """Where every execution passes, e.g. `AgentRun.execute_tool` for exactly-once claims.
+
+    The hook decides the call's operation key from its `origin` and runs the side effect with
+    `execute(key)`, or returns the stored result of that operation without running it.
+    """
 
     def __call__(
-        self, *, name: str, tool_call_id: str, input: Any, execute: Callable[[], Awaitable[Any]]
+        self,
+        *,
+        name: str,
+        tool_call_id: str,
+        input: Any,
+        execute: Callable[[str], Awaitable[Any]],
+        origin: CallOrigin,
+        idempotent: bool,
     ) -> Awaitable[Any]: ...
 
 
@@ -104,6 +123,7 @@ class AgentStreamResult:
         self._cancel = cancel
         self._on_cancel = on_cancel
         self._started = False
+        self._scope = _new_id()  # operation keys of a turn without persistence
         self.finish_reason: str | None = None
         self.cancelled = False
         self.messages: list[ModelMessage] = plan.history.messages
@@ -157,7 +177,7 @@ class AgentStreamResult:
             async for chunk in self._model_step(step, parameters, calls):
                 yield chunk
             outcome = _StepOutcome()
-            async for chunk in self._run_tools(calls, retries, outcome):
+            async for chunk in self._run_tools(step, calls, retries, outcome):
                 yield chunk
             yield {"type": "finish-step"}
             if outcome.results:
@@ -280,10 +300,10 @@ class AgentStreamResult:
         return item is None or item.dynamic
 
     async def _run_tools(
-        self, calls: list[ToolCallPart], retries: dict[str, int], outcome: _StepOutcome
+        self, step: int, calls: list[ToolCallPart], retries: dict[str, int], outcome: _StepOutcome
     ) -> AsyncIterator[Chunk]:
-        runnable: list[tuple[Tool, ToolCall]] = []
-        for part in calls:
+        runnable: list[tuple[Tool, ToolCall, CallOrigin]] = []
+        for index, part in enumerate(calls):
             item = self._plan.tools.get(part.tool_name)
             dynamic = self._is_dynamic(part.tool_name)
             try:
@@ -325,7 +345,7 @@ class AgentStreamResult:
                 }
                 outcome.paused = True
                 continue
-            runnable.append((item, call))
+            runnable.append((item, call, CallOrigin(step=step, index=index)))
         for chunk, result in await self._execute_all(runnable):
             yield chunk
             outcome.results.append(result)
@@ -333,7 +353,7 @@ class AgentStreamResult:
     async def _answer_approvals(self) -> AsyncIterator[Chunk]:
         """Run (or refuse) the calls the user answered, before the model is called again."""
         history = self._plan.history
-        runnable: list[tuple[Tool, ToolCall]] = []
+        runnable: list[tuple[Tool, ToolCall, CallOrigin]] = []
         for part in self._plan.approvals:
             call_id = str(part["toolCallId"])
             awaiting = history.awaiting.get(call_id)
@@ -359,7 +379,9 @@ class AgentStreamResult:
                     ToolReturnPart(tool_name=name, content=error_text, tool_call_id=call_id, outcome="failed")
                 )
                 continue
-            runnable.append((item, call))
+            approval_id = approval.get("id")
+            origin = CallOrigin(approval_id=approval_id if isinstance(approval_id, str) else None)
+            runnable.append((item, call, origin))
         for chunk, result in await self._execute_all(runnable):
             yield chunk
             self._add_result(result)
@@ -374,18 +396,20 @@ class AgentStreamResult:
             history.open_results.append(result)
 
     async def _execute_all(
-        self, runnable: list[tuple[Tool, ToolCall]]
+        self, runnable: list[tuple[Tool, ToolCall, CallOrigin]]
     ) -> list[tuple[Chunk, ModelRequestPart]]:
         """Run a step's calls concurrently; their results keep the order of the calls."""
         if not runnable:
             return []
         if len(runnable) == 1:
             return [await self._execute(*runnable[0])]
-        return list(await asyncio.gather(*(self._execute(item, call) for item, call in runnable)))
+        return list(await asyncio.gather(*(self._execute(*entry) for entry in runnable)))
 
-    async def _execute(self, item: Tool, call: ToolCall) -> tuple[Chunk, ModelRequestPart]:
+    async def _execute(
+        self, item: Tool, call: ToolCall, origin: CallOrigin
+    ) -> tuple[Chunk, ModelRequestPart]:
         try:
-            output = await unless_cancelled(self._invoke(item, call), self._cancel)
+            output = await unless_cancelled(self._invoke(item, call, origin), self._cancel)
         except AgentCancelledError:
             raise
         except ToolError as error:
@@ -423,19 +447,24 @@ class AgentStreamResult:
             tool_name=call.tool_name, content=shown, tool_call_id=call.tool_call_id, outcome="failed"
         )
 
-    async def _invoke(self, item: Tool, call: ToolCall) -> Any:
+    async def _invoke(self, item: Tool, call: ToolCall, origin: CallOrigin) -> Any:
         executor = item.execute
         if executor is None:
             raise RuntimeError(f"Tool {item.name!r} has no executor.")
 
-        async def execute() -> Any:
-            return await run_executor(executor, call)
+        async def execute(key: str) -> Any:
+            return await run_executor(executor, replace(call, operation_key=key))
 
         hook = self._plan.execute_tool
         if hook is None:
-            return await execute()
+            return await execute(operation_key(self._scope, call.tool_call_id, origin))
         return await hook(
-            name=call.tool_name, tool_call_id=call.tool_call_id, input=call.input, execute=execute
+            name=call.tool_name,
+            tool_call_id=call.tool_call_id,
+            input=call.input,
+            execute=execute,
+            origin=origin,
+            idempotent=item.idempotent,
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 __all__ = ["BastionError", "ToolError"]
@@ -20,6 +21,11 @@ class BastionError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """HTTP headers the answer carries (`Retry-After` for a busy conversation); none by default."""
+        return {}
 
 
 class ToolError(Exception):

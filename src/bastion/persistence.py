@@ -6,7 +6,10 @@ bastion defines no tables. An application (or a store from `bastion.stores`) imp
 - `start_run`: authorize the caller, claim the turn, reconcile the browser's messages with
   `reconcile_agent_messages` and return the canonical history, atomically (one transaction).
 - `execute_tool`: persist an operation claim before running a tool's side effect, so it runs at most
-  once; a completed operation returns its stored result without running again.
+  once; a completed operation returns its stored result without running again. An operation is
+  named by its key (`ToolOperation.key`), never by the provider's call id alone: providers reuse
+  ids (`call_0` in every response), so the key is the run's scope with the step and position of
+  the call, or, for a call resumed after an approval, the approval's id.
 - `finish_run`: save the response and status and release the claim, fenced against newer runs and
   idempotent.
 
@@ -17,12 +20,14 @@ without the execution callback or after finishing has begun, and concurrent fini
 from __future__ import annotations
 
 import asyncio
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Generic, Literal, TypeAlias, TypeVar, get_args
 
 from bastion.errors import BastionError
+from bastion.tools import CallOrigin, operation_key
 
 __all__ = [
     "AgentPersistence",
@@ -73,10 +78,16 @@ class RunInput:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunStart(Generic[State]):
-    """A claimed turn: the canonical messages to run and the application's state for this run."""
+    """A claimed turn: the canonical messages to run and the application's state for this run.
+
+    `operation_scope` makes this run's operation keys unique: the run's id, stored with the run so
+    that a replay of the run (a durable workflow recovering it) derives the same keys. Without one,
+    each `AgentRun` takes a random scope.
+    """
 
     messages: list[dict[str, Any]]
     state: State
+    operation_scope: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,12 +100,19 @@ class RunOutcome:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolOperation:
-    """One tool call to run at most once. `execute` performs the side effect; the callback decides."""
+    """One tool call to run at most once. `execute` performs the side effect; the callback decides.
+
+    `key` names the operation (claim it under the key, not under `tool_call_id`, which the provider
+    may reuse); `idempotent` says the tool declared that running it again under the same key is
+    harmless, so an operation whose outcome is uncertain may run again instead of being refused.
+    """
 
     name: str
     tool_call_id: str
     input: Any
     execute: Callable[[], Awaitable[Any]]
+    key: str
+    idempotent: bool = False
 
 
 class AgentPersistence(ABC, Generic[Context, State]):
@@ -109,11 +127,12 @@ class AgentPersistence(ABC, Generic[Context, State]):
         """Save the outcome and release the claim together, fenced against newer runs; idempotent."""
 
     async def execute_tool(self, context: Context, state: State, operation: ToolOperation) -> Any:
-        """Claim the operation durably, then call `operation.execute()`, or return the stored result.
+        """Claim `operation.key` durably, then call `operation.execute()`, or return the stored result.
 
         Validate a stored operation's tool name and input, and refuse a retry whose outcome is
-        uncertain. Not overriding this refuses every tool execution: the framework never runs an
-        unclaimed operation.
+        uncertain unless the operation is idempotent (then claim it again and run it). Not
+        overriding this refuses every tool execution: the framework never runs an unclaimed
+        operation.
         """
         raise ToolExecutionNotConfiguredError()
 
@@ -128,18 +147,38 @@ class AgentRun(Generic[Context, State]):
         self._context = context
         self.messages: Final = start.messages
         self.state: Final = start.state
+        self.operation_scope: Final = start.operation_scope or uuid.uuid4().hex
         self._finishing_began = False
         self._saved = False
         self._save_failed = False
         self._saving: asyncio.Future[None] | None = None
 
     async def execute_tool(
-        self, *, name: str, tool_call_id: str, input: Any, execute: Callable[[], Awaitable[Any]]
+        self,
+        *,
+        name: str,
+        tool_call_id: str,
+        input: Any,
+        execute: Callable[[str], Awaitable[Any]],
+        origin: CallOrigin | None = None,
+        idempotent: bool = False,
     ) -> Any:
-        """Run a tool's side effect through the application's execution callback, never around it."""
+        """Run a tool's side effect through the application's execution callback, never around it.
+
+        The operation's key comes from this run's scope and the call's `origin`; `execute` is given
+        it, so the tool can key its side effect by it.
+        """
         if self._finishing_began:
             raise AgentRunInactiveError()
-        operation = ToolOperation(name=name, tool_call_id=tool_call_id, input=input, execute=execute)
+        key = operation_key(self.operation_scope, tool_call_id, origin)
+        operation = ToolOperation(
+            name=name,
+            tool_call_id=tool_call_id,
+            input=input,
+            execute=lambda: execute(key),
+            key=key,
+            idempotent=idempotent,
+        )
         return await self._persistence.execute_tool(self._context, self.state, operation)
 
     async def finish(self, *, response_message: dict[str, Any] | None = None, status: RunStatus) -> None:

@@ -128,7 +128,7 @@ async def tool_requires_approval(item: Tool, call: ToolCall) -> bool:
 
 def _copy_call(call: ToolCall) -> ToolCall:
     """Policies get their own copy of the input, so they cannot change what runs or what is stored."""
-    return ToolCall(tool_name=call.tool_name, input=copy.deepcopy(call.input), tool_call_id=call.tool_call_id)
+    return replace(call, input=copy.deepcopy(call.input))
 
 
 def project_output(policy: ToolPolicy[ContextT], output: Any, context: ContextT, call: ToolCall) -> Any:

@@ -8,19 +8,21 @@ of receiving it from the model.
 from __future__ import annotations
 
 import copy
+import hashlib
 import inspect
 import re
 import sys
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, TypeAlias, get_type_hints, overload
+from typing import Any, Final, TypeAlias, get_type_hints, overload
 
 import jsonschema
 import pydantic
 from pydantic_ai.native_tools import AbstractNativeTool
 
 __all__ = [
+    "CallOrigin",
     "DuplicateToolNameError",
     "Tool",
     "ToolCall",
@@ -36,11 +38,51 @@ _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
-    """One call the model asked for: what policies and executors are told about it."""
+    """One call the model asked for: what policies and executors are told about it.
+
+    `operation_key` is set when the call executes: the key its operation is claimed under, the same
+    for every retry of this call and different for every other call, whatever id the provider gave.
+    A tool declared `idempotent` uses it as the idempotency key of its side effect.
+    """
 
     tool_name: str
     input: Any
     tool_call_id: str
+    operation_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallOrigin:
+    """Where a call was made, which makes it one operation: providers may reuse their call ids.
+
+    A call the model made is the `index`-th call of `step` of its run; a call resumed after the user
+    approved it is named by its `approval_id` (server-issued and stored with the message), so an
+    approval continuation that is retried finds the same operation.
+    """
+
+    step: int | None = None
+    index: int = 0
+    approval_id: str | None = None
+
+
+_MAX_KEY_PART: Final = 80
+
+
+def operation_key(scope: str, tool_call_id: str, origin: CallOrigin | None = None) -> str:
+    """The operation key of a call: `scope` (its run) with its step and position, or its approval.
+
+    At most 200 characters: a long provider id or approval id is replaced by its SHA-256.
+    """
+    if origin is not None and origin.approval_id is not None:
+        return f"approval/{_bounded(origin.approval_id)}"
+    where = "call" if origin is None or origin.step is None else f"{origin.step}.{origin.index}"
+    return f"{_bounded(scope)}/{where}/{_bounded(tool_call_id)}"
+
+
+def _bounded(part: str) -> str:
+    if len(part) <= _MAX_KEY_PART:
+        return part
+    return "sha256:" + hashlib.sha256(part.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 ToolExecutor: TypeAlias = Callable[[ToolCall], Awaitable[Any] | AsyncIterable[Any] | Any]
@@ -79,7 +121,9 @@ class Tool:
     `execute` is None for tools that the provider runs (`native`) or that the client answers. `dynamic`
     marks tools whose set is only known at run time (MCP); the UI stream names them `dynamic-tool`.
     `to_model_output` converts a result for the model; `model_projection` and `error_format` are set by
-    permission policies (`with_tool_policy`) and run before it.
+    permission policies (`with_tool_policy`) and run before it. `idempotent` declares that running the
+    call again under the same `ToolCall.operation_key` has no further effect, so an operation whose
+    outcome is uncertain (its process died, or it raised) runs again instead of being refused.
     """
 
     name: str
@@ -94,6 +138,7 @@ class Tool:
     strict: bool | None = None
     model_projection: Callable[[Any, ToolCall], Any] | None = None
     error_format: Callable[[str, ToolCall], str] | None = None
+    idempotent: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _TOOL_NAME.fullmatch(self.name):
@@ -161,6 +206,7 @@ def tool(
     description: str | None = None,
     needs_approval: bool | ApprovalPredicate = False,
     to_model_output: Callable[[Any], Any] | None = None,
+    idempotent: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -172,10 +218,12 @@ def tool(
     description: str | None = None,
     needs_approval: bool | ApprovalPredicate = False,
     to_model_output: Callable[[Any], Any] | None = None,
+    idempotent: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a `Tool` from a typed function; its parameters become the input schema.
 
-    A parameter annotated `ToolCall` receives the call (for its id) and is not shown to the model.
+    A parameter annotated `ToolCall` receives the call (for its id and operation key) and is not
+    shown to the model. `idempotent=True` declares the side effect keyed by `call.operation_key`.
     The docstring's first paragraph is the description unless one is given.
     """
 
@@ -204,6 +252,7 @@ def tool(
             needs_approval=needs_approval,
             to_model_output=to_model_output,
             validate_input=_keep_raw_if_valid(validate),
+            idempotent=idempotent,
         )
 
     return build(function, sys._getframe(1)) if function is not None else build

@@ -362,7 +362,9 @@ def _failure(request: Request, exc: Exception) -> RequestFailure:
         logger.error("Signing keys unavailable for %s %s.", request.method, request.url.path)
         return RequestFailure(status=503, code=exc.code, message=exc.message, exception=exc)
     if isinstance(exc, BastionError):
-        return RequestFailure(status=exc.status, code=exc.code, message=exc.message, exception=exc)
+        return RequestFailure(
+            status=exc.status, code=exc.code, message=exc.message, headers=exc.headers, exception=exc
+        )
     if isinstance(exc, HTTPException):
         code, message = _STATUS_ERRORS.get(exc.status_code, ("http_error", _phrase(exc.status_code)))
         # Starlette fills an absent detail with the status phrase; only a detail the application wrote counts.

@@ -55,7 +55,8 @@ class AssistantContext:
 def _local_tools(context: AssistantContext) -> list[Tool]:
     principal = context.principal
 
-    @tool
+    # Reads, and a save keyed by its operation: each may run again after an uncertain outcome.
+    @tool(idempotent=True)
     async def get_identity() -> dict[str, Any]:
         """Get the signed-in user's identity."""
         return {
@@ -65,12 +66,12 @@ def _local_tools(context: AssistantContext) -> list[Tool]:
             "is_anonymous": principal.is_anonymous,
         }
 
-    @tool
+    @tool(idempotent=True)
     async def list_notes() -> dict[str, Any]:
         """List the user's saved notes, newest first."""
         return {"notes": await context.notes.list()}
 
-    @tool(needs_approval=True)
+    @tool(needs_approval=True, idempotent=True)
     async def save_note(text: str, call: ToolCall) -> dict[str, Any]:
         """Save a short note for the user. The user approves each save."""
         text = text.strip()
@@ -78,8 +79,11 @@ def _local_tools(context: AssistantContext) -> list[Tool]:
             raise ToolError("A note needs some text.")
         if len(text) > MAX_NOTE_LENGTH:
             raise ToolError(f"A note can be at most {MAX_NOTE_LENGTH} characters.")
-        # Call ids are unique within a conversation only; some providers reuse `call_0` everywhere.
-        return await context.notes.add(text, idempotency_key=f"{context.conversation_id}:{call.tool_call_id}")
+        # The operation key, not the provider's call id (some reuse `call_0` everywhere): unique to
+        # this call and the same for its retries, so a save run again after a crash finds its note.
+        if call.operation_key is None:
+            raise ToolError("A note can only be saved by a tool call.")
+        return await context.notes.add(text, idempotency_key=call.operation_key)
 
     return [get_identity, list_notes, save_note]
 

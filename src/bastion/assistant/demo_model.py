@@ -15,6 +15,8 @@ from typing import Any
 from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
+from bastion.policies import GENERIC_TOOL_ERROR
+
 __all__ = ["DEMO_NOTICE", "demo_model"]
 
 DEMO_NOTICE = "This is bastion's offline demo model; set BASTION_MODEL to use a real one."
@@ -93,6 +95,9 @@ def _latest_user_text(messages: list[ModelMessage]) -> str:
 def _describe_result(result: ToolReturnPart) -> str:
     if result.outcome == "denied":
         return "Understood, I did not do that."
+    said = result.content if isinstance(result.content, str) else GENERIC_TOOL_ERROR
+    if result.outcome == "failed" and said != GENERIC_TOOL_ERROR:
+        return f"The tool said: {said[:300]}"
     if result.outcome in ("failed", "retried", "interrupted"):
         return "That did not work. Please try again."
     summary = json.dumps(result.content, ensure_ascii=False, default=str)

@@ -24,10 +24,12 @@ from bastion.stores.entities import (
     TurnState,
 )
 from bastion.stores.errors import (
+    ConversationBusyError,
     InvalidInputError,
     NotFoundError,
     StoreError,
     ToolOperationConflictError,
+    ToolOperationError,
     ToolOperationMismatchError,
     ToolOperationUncertainError,
     TurnConflictError,
@@ -37,6 +39,7 @@ from bastion.stores.sqlite import SqliteAgentPersistence, SqliteStore
 
 __all__ = [
     "Conversation",
+    "ConversationBusyError",
     "Feedback",
     "InvalidInputError",
     "Migration",
@@ -52,6 +55,7 @@ __all__ = [
     "StoreIdentity",
     "StoredMessage",
     "ToolOperationConflictError",
+    "ToolOperationError",
     "ToolOperationMismatchError",
     "ToolOperationUncertainError",
     "TurnConflictError",

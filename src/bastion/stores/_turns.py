@@ -20,6 +20,7 @@ from pydantic_core import to_jsonable_python
 from bastion.approvals import CanRespondToApproval
 from bastion.history import reconcile_agent_messages
 from bastion.persistence import AgentPersistence, RunInput, RunStatus, ToolOperation
+from bastion.stores._leases import DEFAULT_LEASE_SECONDS
 from bastion.stores.entities import TurnContext, TurnState, check_text, is_storable_text
 from bastion.stores.errors import (
     InvalidInputError,
@@ -30,6 +31,7 @@ from bastion.stores.errors import (
 
 __all__ = [
     "MAX_TITLE",
+    "CheckedOperation",
     "HistoryWrites",
     "TurnPersistence",
     "approval_request_events",
@@ -42,6 +44,7 @@ __all__ = [
     "json_value",
     "pending_approval_ids",
     "plan_history_writes",
+    "recordable",
     "replayed_result",
     "run_event",
     "run_status",
@@ -237,6 +240,17 @@ def replayed_result(result: dict[str, Any], name: str, tool_input: Any) -> Any:
     return result["output"]
 
 
+@dataclass(frozen=True, slots=True)
+class CheckedOperation:
+    """An operation's fields as the stores write them: checked text and plain JSON input."""
+
+    key: str
+    name: str
+    call_id: str
+    input: Any
+    idempotent: bool
+
+
 class TurnPersistence(AgentPersistence[TurnContext, TurnState]):
     """What both stores' persistence does the same way: settings, reconciliation, and running a claimed
     tool call so that its result is recorded (failed unless it completed) with the run's next write."""
@@ -245,7 +259,7 @@ class TurnPersistence(AgentPersistence[TurnContext, TurnState]):
         self,
         *,
         history_window: int = 100,
-        lease_seconds: float = 300.0,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
     ) -> None:
         if type(history_window) is not int or history_window < 1:
@@ -270,35 +284,55 @@ class TurnPersistence(AgentPersistence[TurnContext, TurnState]):
         )
 
     @staticmethod
-    def _checked_operation(state: TurnState, operation: ToolOperation) -> tuple[str, str, Any]:
-        """The call's name, id and JSON input; a call already running in this run is a conflict."""
-        name = check_text(operation.name)
-        call_id = check_text(operation.tool_call_id)
-        tool_input = json_value(operation.input)
-        if call_id in state.running_tool_calls:
+    def _checked_operation(state: TurnState, operation: ToolOperation) -> CheckedOperation:
+        """The operation as stored; an operation already running in this run is a conflict."""
+        checked = CheckedOperation(
+            key=check_text(operation.key),
+            name=check_text(operation.name),
+            call_id=check_text(operation.tool_call_id),
+            input=json_value(operation.input),
+            idempotent=operation.idempotent is True,
+        )
+        if checked.key in state.running_tool_calls:
             raise ToolOperationConflictError()
-        return name, call_id, tool_input
+        return checked
 
     @staticmethod
-    def _unrecorded(state: TurnState, call_id: str) -> dict[str, Any] | None:
-        """This run's earlier result for the call, not yet written to the store."""
-        return next((result for result in state.unrecorded_results if result["toolCallId"] == call_id), None)
+    def _replayed(state: TurnState, operation: CheckedOperation) -> tuple[bool, Any]:
+        """This run's earlier result for the operation, not yet written to the store, if it decides:
+        `(True, output)` to replay; `(False, None)` to ask the store (nothing earlier, or an
+        idempotent operation that did not complete and may run again)."""
+        earlier = next(
+            (result for result in state.unrecorded_results if result["operationKey"] == operation.key), None
+        )
+        if earlier is None or (operation.idempotent and earlier["status"] != "completed"):
+            return False, None
+        return True, replayed_result(earlier, operation.name, operation.input)
 
-    async def _execute(
-        self, state: TurnState, operation: ToolOperation, name: str, call_id: str, tool_input: Any
-    ) -> Any:
+    async def _execute(self, state: TurnState, operation: ToolOperation, checked: CheckedOperation) -> Any:
         """Run the claimed side effect; its result is recorded with this run's next write."""
-        record = {"toolCallId": call_id, "toolName": name, "input": tool_input}
-        record |= {"status": "failed", "output": None}
+        record = {
+            "operationKey": checked.key,
+            "toolCallId": checked.call_id,
+            "toolName": checked.name,
+            "input": checked.input,
+            "status": "failed",
+            "output": None,
+        }
         try:
             value = await operation.execute()
         except BaseException:
             state.unrecorded_results.append(record)
             raise
         finally:
-            state.running_tool_calls.discard(call_id)
+            state.running_tool_calls.discard(checked.key)
         # A result that cannot be stored cannot be replayed: it stays recorded as failed, never rerun.
         with suppress(InvalidInputError):
             record |= {"status": "completed", "output": json_value(value)}
         state.unrecorded_results.append(record)
         return value
+
+
+def recordable(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The part of this run's unrecorded results the store writes."""
+    return [{key: result[key] for key in ("operationKey", "status", "output")} for result in results]

@@ -93,7 +93,10 @@ class TurnContext:
 
 @dataclass(slots=True, kw_only=True, eq=False)
 class TurnState:
-    """A claimed turn: plain, serializable ids, plus what this process still has to record."""
+    """A claimed turn: plain, serializable ids, plus what this process still has to record.
+
+    `unrecorded_results` and `running_tool_calls` name operations by their operation key.
+    """
 
     conversation_id: str
     run_id: str

@@ -6,15 +6,19 @@ details never reach these messages; they stay in the chained exception for logs.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import ClassVar
 
-from bastion.errors import BastionError
+from bastion.errors import BastionError, ToolError
 
 __all__ = [
+    "ConversationBusyError",
     "InvalidInputError",
     "NotFoundError",
     "StoreError",
     "ToolOperationConflictError",
+    "ToolOperationError",
     "ToolOperationMismatchError",
     "ToolOperationUncertainError",
     "TurnConflictError",
@@ -55,7 +59,26 @@ class TurnConflictError(StoreError):
     default_message = "The conversation is busy or changed. Reload it before continuing."
 
 
-class ToolOperationConflictError(StoreError):
+class ConversationBusyError(TurnConflictError):
+    """A live turn holds the conversation; `Retry-After` says when its lease runs out (at most)."""
+
+    default_message = "Another turn is running in this conversation. Retry when it has finished."
+
+    def __init__(self, retry_after: float = 1.0) -> None:
+        super().__init__()
+        self.retry_after = max(1, math.ceil(retry_after))
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class ToolOperationError(StoreError, ToolError):
+    """A claim that refuses to run a tool call. Also a `ToolError`: the agent loop shows its message
+    to the model and the UI as the call's error, instead of a generic failure."""
+
+
+class ToolOperationConflictError(ToolOperationError):
     """The same tool call is running right now, in this request or another."""
 
     code = "operation_in_progress"
@@ -63,7 +86,7 @@ class ToolOperationConflictError(StoreError):
     default_message = "This tool call is already running."
 
 
-class ToolOperationMismatchError(StoreError):
+class ToolOperationMismatchError(ToolOperationError):
     """A tool call id was claimed before with another tool name or input."""
 
     code = "operation_mismatch"
@@ -71,9 +94,15 @@ class ToolOperationMismatchError(StoreError):
     default_message = "This tool call does not match the one recorded earlier."
 
 
-class ToolOperationUncertainError(StoreError):
-    """An earlier attempt failed or was interrupted, so the side effect may have happened: no replay."""
+class ToolOperationUncertainError(ToolOperationError):
+    """An earlier attempt failed or was interrupted, so the side effect may have happened: no replay.
+
+    Only a tool declared idempotent runs again; for any other the outcome stays unknown.
+    """
 
     code = "operation_uncertain"
     status = 409
-    default_message = "This tool call may already have run, so it will not run again."
+    default_message = (
+        "The outcome of this tool call is unknown: an earlier attempt may have completed it, "
+        "so it was not run again. Check its effect before asking for it again."
+    )

@@ -13,6 +13,8 @@ middle (reconciling a turn against a freshly loaded tail; see `PostgresAgentPers
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -34,6 +36,7 @@ from bastion.persistence import (
     RunStart,
     ToolOperation,
 )
+from bastion.stores._leases import DEFAULT_LEASE_SECONDS, LeaseKeeper, new_worker_key
 from bastion.stores._migrations import apply_migrations
 from bastion.stores._tail_cache import (
     DEFAULT_MAX_BYTES,
@@ -46,6 +49,7 @@ from bastion.stores._tail_cache import (
     tail_key,
 )
 from bastion.stores._turns import (
+    CheckedOperation,
     HistoryWrites,
     TurnPersistence,
     approval_request_events,
@@ -55,7 +59,7 @@ from bastion.stores._turns import (
     check_title,
     pending_approval_ids,
     plan_history_writes,
-    replayed_result,
+    recordable,
     run_event,
     run_status,
 )
@@ -74,6 +78,7 @@ from bastion.stores.entities import (
     parse_uuid,
 )
 from bastion.stores.errors import (
+    ConversationBusyError,
     InvalidInputError,
     NotFoundError,
     ToolOperationConflictError,
@@ -95,7 +100,8 @@ _MAX_COMMENT: Final = 4000
 _RATINGS: Final = frozenset({"up", "down"})
 
 # SQLSTATEs raised on purpose by the migrations' functions, and the ones a race produces.
-_CONFLICT_STATES: Final = frozenset({"BS409", "55P03", "23505"})
+_CONFLICT_STATES: Final = frozenset({"BS409", "23505"})
+_LOCK_NOT_AVAILABLE: Final = "55P03"
 
 
 class PostgresStore:
@@ -106,6 +112,12 @@ class PostgresStore:
     is the owner's connection, used only by `migrate()`. `claim_cache_size` bounds how many
     conversations' stored tails this process remembers to claim a later turn in one round trip
     (0 remembers none), and `claim_cache_bytes` the bytes of messages they hold in all.
+
+    The store names itself on the runs it claims with a random worker key and, while it runs
+    turns, holds that key's session advisory lock on a connection of its own (outside the pool;
+    use a session connection, not a transaction-mode pooler, for it to prove anything). When the
+    process dies the lock goes with its connection, and any other process (or this one restarted)
+    that meets one of its runs replaces it at once instead of waiting for the lease.
     """
 
     def __init__(
@@ -121,6 +133,10 @@ class PostgresStore:
         self._admin_conninfo = admin_conninfo
         self._owns_pool = owns_pool
         self._tails = TailCache(claim_cache_size, max_bytes=claim_cache_bytes)
+        self.worker_key: Final = new_worker_key()
+        self._liveness: Connection | None = None
+        self._liveness_lock = asyncio.Lock()
+        self._leases = LeaseKeeper(self._renew_leases)
 
     @classmethod
     async def open(
@@ -157,6 +173,11 @@ class PostgresStore:
             claim_cache_bytes=claim_cache_bytes,
         )
         await pool.open(wait=True)
+        try:
+            await store._hold_worker_lock()
+        except BaseException:
+            await pool.close()
+            raise
         return store
 
     @property
@@ -166,9 +187,47 @@ class PostgresStore:
         return self._pool
 
     async def close(self) -> None:
-        """Close the pool if this store opened it."""
+        """Stop renewing leases, release the worker lock, and close the pool if this store opened it."""
+        await self._leases.close()
+        liveness, self._liveness = self._liveness, None
+        if liveness is not None:
+            await liveness.close()
         if self._owns_pool:
             await self._pool.close()
+
+    async def _hold_worker_lock(self) -> int:
+        """Hold this store's worker lock (again, if its connection broke); return the worker key."""
+        if self._liveness is not None and not self._liveness.closed:
+            return self.worker_key
+        async with self._liveness_lock:
+            if self._liveness is None or self._liveness.closed:
+                conninfo = self._pool.conninfo
+                if not isinstance(conninfo, str):
+                    conninfo = await _resolved(conninfo())
+                conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+                try:
+                    cursor = await conn.execute("select pg_try_advisory_lock(%s)", (self.worker_key,))
+                    if not _single(await cursor.fetchone()):
+                        raise RuntimeError("Another process holds this store's worker lock.")
+                except BaseException:
+                    await conn.close()
+                    raise
+                self._liveness = conn
+        return self.worker_key
+
+    async def _renew_leases(self, run_ids: list[str], lease_seconds: float) -> None:
+        """Extend the leases of runs this store is running; check the worker lock is still held."""
+        liveness = self._liveness
+        if liveness is not None:
+            try:
+                await liveness.execute("select 1")
+            except psycopg.Error:
+                await liveness.close()
+        await self._hold_worker_lock()
+        async with self._pool.connection() as conn:
+            await conn.execute(
+                "select bastion.renew_runs(%s, %s::uuid[], %s)", (self.worker_key, run_ids, lease_seconds)
+            )
 
     async def __aenter__(self) -> Self:
         return self
@@ -189,7 +248,7 @@ class PostgresStore:
         self,
         *,
         history_window: int = 100,
-        lease_seconds: float = 300.0,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
     ) -> PostgresAgentPersistence:
         """The `AgentPersistence` of this store; see `PostgresAgentPersistence`."""
@@ -378,8 +437,10 @@ class PostgresAgentPersistence(TurnPersistence):
     - `finish_run` (one round trip): fenced by run id and idempotent; appends (or replaces, when
       continuing it) only the response message and releases the claim.
 
-    A run holds its claim for `lease_seconds`, renewed by each tool claim; a newer turn replaces a
-    run whose lease expired and records it as interrupted.
+    A run holds its claim for `lease_seconds` (30 s by default), renewed while this process runs
+    it; a newer turn replaces a run whose lease expired, or whose process provably died (its
+    worker lock is free), and records it as interrupted. A conversation a live turn holds is
+    refused with `ConversationBusyError`, which carries `Retry-After`.
     """
 
     def __init__(
@@ -387,7 +448,7 @@ class PostgresAgentPersistence(TurnPersistence):
         store: PostgresStore,
         *,
         history_window: int = 100,
-        lease_seconds: float = 300.0,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
     ) -> None:
         super().__init__(
@@ -401,6 +462,7 @@ class PostgresAgentPersistence(TurnPersistence):
     async def start_run(self, context: TurnContext, input: RunInput) -> RunStart[TurnState]:
         key = tail_key(context.identity, context.conversation_id)
         cached = self._tails.get(key)
+        await self._store._hold_worker_lock()
         try:
             if cached is not None:
                 start = await self._claim_from_cache(context, input, key, cached)
@@ -471,7 +533,9 @@ class PostgresAgentPersistence(TurnPersistence):
                     raise NotFoundError()
                 revision = loaded["revision"]
                 stale = context.expected_revision is not None and context.expected_revision != revision
-                if loaded["busy"] or loaded["repeated_request"] or stale:
+                if loaded["busy"]:
+                    raise ConversationBusyError(loaded["retry_after"])
+                if loaded["repeated_request"] or stale:
                     raise TurnConflictError()
                 tail = [(seq, message) for seq, message in loaded["messages"]]
                 base = loaded_tail(revision, loaded["last_seq"], tail)
@@ -496,7 +560,7 @@ class PostgresAgentPersistence(TurnPersistence):
         """Queue `bastion.claim_turn`: the writes of `plan`, if the conversation is still at `base`."""
         events = [run_event(run_id, "started"), *approval_response_events(tail, history)]
         return await conn.execute(
-            "select bastion.claim_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            "select bastion.claim_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (
                 context.conversation_id,
                 run_id,
@@ -504,6 +568,7 @@ class PostgresAgentPersistence(TurnPersistence):
                 base.revision,
                 base.incarnation,
                 uncached_ids or [],
+                self._store.worker_key,
                 self._lease_seconds,
                 plan.truncate_after,
                 Jsonb(plan.writes),
@@ -521,6 +586,8 @@ class PostgresAgentPersistence(TurnPersistence):
         claimed: dict[str, Any],
     ) -> RunStart[TurnState]:
         """The started run, remembering the tail the claim left for the conversation's next turn."""
+        if claimed["outcome"] == "busy":
+            raise ConversationBusyError(claimed["retry_after"])
         if claimed["outcome"] != "claimed":
             raise TurnConflictError()
         revision = claimed["revision"]
@@ -536,42 +603,25 @@ class PostgresAgentPersistence(TurnPersistence):
             incarnation=claimed["incarnation"],
         )
         self._tails.put(key, after)
+        self._store._leases.hold(run_id, self._lease_seconds)
         state = TurnState(
             conversation_id=key[2],
             run_id=run_id,
             revision=revision,
             pending_approval_ids=pending_approval_ids(history),
         )
-        return RunStart(messages=history[-self._window :], state=state)
+        return RunStart(messages=history[-self._window :], state=state, operation_scope=run_id)
 
     async def execute_tool(self, context: TurnContext, state: TurnState, operation: ToolOperation) -> Any:
-        name, call_id, tool_input = self._checked_operation(state, operation)
-        earlier = self._unrecorded(state, call_id)
-        if earlier is not None:
-            return replayed_result(earlier, name, tool_input)
+        checked = self._checked_operation(state, operation)
+        replayed, output = self._replayed(state, checked)
+        if replayed:
+            return output
         results = list(state.unrecorded_results)
-        state.running_tool_calls.add(call_id)
+        state.running_tool_calls.add(checked.key)
         claimed = False
         try:
-            try:
-                with _database_errors():
-                    async with self._store.transaction(context.identity) as conn:
-                        cursor = await conn.execute(
-                            "select bastion.claim_tool(%s, %s, %s, %s, %s, %s, %s)",
-                            (
-                                state.conversation_id,
-                                state.run_id,
-                                call_id,
-                                name,
-                                Jsonb(tool_input),
-                                self._lease_seconds,
-                                Jsonb(_recordable(results)),
-                            ),
-                        )
-                    claim = _single(await cursor.fetchone())
-            except BaseException:
-                self._tails.evict(tail_key(context.identity, state.conversation_id))
-                raise
+            claim = await self._claim_tool(context, state, checked, results)
             del state.unrecorded_results[: len(results)]
             outcome = claim["outcome"]
             if outcome == "completed":
@@ -583,10 +633,37 @@ class PostgresAgentPersistence(TurnPersistence):
             if outcome != "claimed":
                 raise ToolOperationUncertainError()
             claimed = True
-            return await self._execute(state, operation, name, call_id, tool_input)
+            return await self._execute(state, operation, checked)
         finally:
             if not claimed:
-                state.running_tool_calls.discard(call_id)
+                state.running_tool_calls.discard(checked.key)
+
+    async def _claim_tool(
+        self, context: TurnContext, state: TurnState, checked: CheckedOperation, results: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """One round trip: record this run's earlier results and claim the operation."""
+        try:
+            with _database_errors():
+                async with self._store.transaction(context.identity) as conn:
+                    cursor = await conn.execute(
+                        "select bastion.claim_tool(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                        (
+                            state.conversation_id,
+                            state.run_id,
+                            checked.key,
+                            checked.call_id,
+                            checked.name,
+                            Jsonb(checked.input),
+                            checked.idempotent,
+                            self._lease_seconds,
+                            Jsonb(recordable(results)),
+                        ),
+                    )
+                claim: dict[str, Any] = _single(await cursor.fetchone())
+        except BaseException:
+            self._tails.evict(tail_key(context.identity, state.conversation_id))
+            raise
+        return claim
 
     async def finish_run(self, context: TurnContext, state: TurnState, outcome: RunOutcome) -> None:
         message = outcome.response_message
@@ -599,6 +676,7 @@ class PostgresAgentPersistence(TurnPersistence):
         ]
         results = list(state.unrecorded_results)
         key = tail_key(context.identity, state.conversation_id)
+        self._store._leases.release(state.run_id)
         try:
             with _database_errors():
                 async with self._store.transaction(context.identity) as conn:
@@ -609,7 +687,7 @@ class PostgresAgentPersistence(TurnPersistence):
                             state.run_id,
                             status,
                             Jsonb(message) if message is not None else None,
-                            Jsonb(_recordable(results)),
+                            Jsonb(recordable(results)),
                             Jsonb(events),
                         ),
                     )
@@ -675,6 +753,8 @@ def _database_errors() -> Iterator[None]:
         yield
     except psycopg.Error as error:
         state = error.sqlstate
+        if state == _LOCK_NOT_AVAILABLE:
+            raise ConversationBusyError() from error
         if state in _CONFLICT_STATES:
             raise TurnConflictError() from error
         if state == "BS404":
@@ -698,6 +778,10 @@ def _conversation(row: tuple[Any, ...] | None) -> Conversation:
     )
 
 
+async def _resolved(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
 def _single(row: tuple[Any, ...] | None) -> Any:
     assert row is not None
     return row[0]
@@ -706,7 +790,3 @@ def _single(row: tuple[Any, ...] | None) -> Any:
 def _answers_approvals(plan: HistoryWrites) -> bool:
     """Whether the claim changes a stored assistant message: only approval answers do."""
     return any(write["replace"] and write["message"].get("role") == "assistant" for write in plan.writes)
-
-
-def _recordable(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{key: result[key] for key in ("toolCallId", "status", "output")} for result in results]

@@ -42,8 +42,10 @@ from bastion.persistence import (
     RunStart,
     ToolOperation,
 )
+from bastion.stores._leases import DEFAULT_LEASE_SECONDS, LeaseKeeper, new_worker_key
 from bastion.stores._migrations import Migration, MigrationChangedError
 from bastion.stores._turns import (
+    CheckedOperation,
     TurnPersistence,
     approval_request_events,
     approval_response_events,
@@ -53,7 +55,6 @@ from bastion.stores._turns import (
     check_title,
     pending_approval_ids,
     plan_history_writes,
-    replayed_result,
     run_event,
     run_status,
 )
@@ -72,6 +73,7 @@ from bastion.stores.entities import (
     parse_uuid,
 )
 from bastion.stores.errors import (
+    ConversationBusyError,
     InvalidInputError,
     NotFoundError,
     StoreError,
@@ -138,7 +140,7 @@ _TURN_CONVERSATION: Final = (
     f"select revision, active_run_id from bastion_conversations where id = :id and {_OWNED}"
 )
 _ACTIVE_RUN: Final = (
-    "select id, status, lease_expires_at from bastion_runs "
+    "select id, status, lease_expires_at, worker_key from bastion_runs "
     f"where id = :run and conversation_id = :id and {_OWNED}"
 )
 _REQUEST_SEEN: Final = (
@@ -160,7 +162,8 @@ _INTERRUPT_RUN: Final = (
 )
 _INSERT_RUN: Final = (
     "insert into bastion_runs (id, conversation_id, owner_id, tenant_id, request_id, status, "
-    "lease_expires_at, started_at) values (:run, :id, :owner, :tenant, :request, 'running', :lease, :now)"
+    "lease_expires_at, started_at, worker_key) "
+    "values (:run, :id, :owner, :tenant, :request, 'running', :lease, :now, :worker)"
 )
 _TRUNCATE: Final = f"delete from bastion_messages where conversation_id = :id and {_OWNED} and seq > :after"
 _REPLACE_MESSAGE: Final = (
@@ -188,26 +191,39 @@ _RELEASE_CONVERSATION: Final = (
     f"where id = :id and {_OWNED}"
 )
 _RENEW_LEASE: Final = f"update bastion_runs set lease_expires_at = :lease where id = :run and {_OWNED}"
+_RENEW_WORKER_LEASES: Final = (
+    "update bastion_runs set lease_expires_at = :lease "
+    "where id in (select value from json_each(:runs)) and worker_key = :worker and status = 'running'"
+)
 _SETTLE_RUN: Final = (
     f"update bastion_runs set status = :status, finished_at = :now where id = :run and {_OWNED}"
 )
 _CLAIM_TOOL: Final = (
-    "insert into bastion_tool_executions (conversation_id, tool_call_id, run_id, owner_id, tenant_id, "
-    "tool_name, input, status, started_at) "
-    "values (:id, :call, :run, :owner, :tenant, :name, :input, 'in_flight', :now) "
-    "on conflict (conversation_id, tool_call_id) do nothing"
+    "insert into bastion_tool_executions (conversation_id, operation_key, tool_call_id, run_id, owner_id, "
+    "tenant_id, tool_name, input, status, started_at) "
+    "values (:id, :key, :call, :run, :owner, :tenant, :name, :input, 'in_flight', :now) "
+    "on conflict (conversation_id, operation_key) do nothing"
 )
 _EXISTING_TOOL: Final = (
-    "select t.tool_name, t.input, t.status, t.output, r.status = 'running' and r.lease_expires_at > :now "
+    "select t.tool_name, t.input, t.status, t.output, r.status, r.lease_expires_at, r.worker_key "
     "from bastion_tool_executions t join bastion_runs r on r.id = t.run_id "
-    "where t.conversation_id = :id and t.tool_call_id = :call "
+    "where t.conversation_id = :id and t.operation_key = :key "
     "and t.owner_id = :owner and t.tenant_id is :tenant"
+)
+_RECLAIM_TOOL: Final = (
+    "update bastion_tool_executions set run_id = :run, tool_call_id = :call, status = 'in_flight', "
+    "output = null, started_at = :now, finished_at = null "
+    f"where conversation_id = :id and operation_key = :key and {_OWNED}"
 )
 _SETTLE_TOOL: Final = (
     "update bastion_tool_executions set status = :status, output = :output, finished_at = :now "
-    f"where conversation_id = :id and tool_call_id = :call and run_id = :run and {_OWNED} "
-    "and status = 'in_flight' returning tool_name"
+    f"where conversation_id = :id and operation_key = :key and run_id = :run and {_OWNED} "
+    "and status = 'in_flight' returning tool_name, tool_call_id"
 )
+
+# The workers (store instances) alive in this process. A SQLite file serves one process, so a run
+# recorded by any other worker belongs to a process that has ended: nothing can still be running it.
+_LIVE_WORKERS: set[int] = set()
 
 
 class SqliteStore:
@@ -215,12 +231,17 @@ class SqliteStore:
 
     Open with `SqliteStore.open(path)` (a file path, or `":memory:"`), then `migrate()`. Use one
     store per file per process: rules are enforced by this store's statements, not by the database.
+    Because of that, a run left `running` by a store that is no longer open in this process (a
+    process that died, then started again) is released as soon as a claim meets it.
     """
 
     def __init__(self, executor: ThreadPoolExecutor, connection: sqlite3.Connection) -> None:
         self._executor = executor
         self._connection = connection
         self._closed = False
+        self.worker_key: Final = new_worker_key()
+        _LIVE_WORKERS.add(self.worker_key)
+        self._leases = LeaseKeeper(self._renew_leases)
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str]) -> SqliteStore:
@@ -237,7 +258,9 @@ class SqliteStore:
         """Close the connection after the work already queued; later calls raise `RuntimeError`."""
         if self._closed:
             return
+        await self._leases.close()
         self._closed = True
+        _LIVE_WORKERS.discard(self.worker_key)
         await asyncio.get_running_loop().run_in_executor(self._executor, self._connection.close)
         self._executor.shutdown(wait=False)
 
@@ -254,11 +277,19 @@ class SqliteStore:
         migrations = [m for m in available_sqlite_migrations() if upto is None or m.version <= upto]
         return await self._run(lambda conn: _apply_migrations(conn, migrations), write=True)
 
+    async def _renew_leases(self, run_ids: list[str], lease_seconds: float) -> None:
+        params = {
+            "runs": json.dumps(run_ids),
+            "worker": self.worker_key,
+            "lease": _now() + round(lease_seconds * 1_000_000),
+        }
+        await self._run(lambda conn: conn.execute(_RENEW_WORKER_LEASES, params), write=True)
+
     def persistence(
         self,
         *,
         history_window: int = 100,
-        lease_seconds: float = 300.0,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
     ) -> SqliteAgentPersistence:
         """The `AgentPersistence` of this store; see `SqliteAgentPersistence`."""
@@ -394,8 +425,10 @@ class SqliteAgentPersistence(TurnPersistence):
     - `finish_run`: fenced by run id and idempotent; appends (or replaces, when continuing it) only
       the response message and releases the claim.
 
-    A run holds its claim for `lease_seconds`, renewed by each tool claim; a newer turn replaces a
-    run whose lease expired and records it as interrupted.
+    A run holds its claim for `lease_seconds` (30 s by default), renewed while this store runs it;
+    a newer turn replaces a run whose lease expired, or whose store is not open in this process
+    any more, and records it as interrupted. A conversation a live turn holds is refused with
+    `ConversationBusyError`, which carries `Retry-After`.
     """
 
     def __init__(
@@ -403,7 +436,7 @@ class SqliteAgentPersistence(TurnPersistence):
         store: SqliteStore,
         *,
         history_window: int = 100,
-        lease_seconds: float = 300.0,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
     ) -> None:
         super().__init__(
@@ -429,7 +462,7 @@ class SqliteAgentPersistence(TurnPersistence):
             now = _now()
             at = params | {"run": run_id, "now": now}
             _require_claimable(conn, at, revision=revision, now=now)
-            conn.execute(_INSERT_RUN, at | {"lease": now + self._lease_us})
+            conn.execute(_INSERT_RUN, at | {"lease": now + self._lease_us, "worker": self._store.worker_key})
             if plan.truncate_after is not None:
                 conn.execute(_TRUNCATE, at | {"after": plan.truncate_after})
             for write in plan.writes:
@@ -438,13 +471,14 @@ class SqliteAgentPersistence(TurnPersistence):
             conn.execute(_CLAIM_CONVERSATION, at)
 
         await self._store._run(lambda conn: _conflicts(conn, claim), write=True)
+        self._store._leases.hold(run_id, self._lease_seconds)
         state = TurnState(
             conversation_id=context.conversation_id,
             run_id=run_id,
             revision=revision + 1,
             pending_approval_ids=pending_approval_ids(history),
         )
-        return RunStart(messages=history[-self._window :], state=state)
+        return RunStart(messages=history[-self._window :], state=state, operation_scope=run_id)
 
     def _load_turn(
         self, conn: sqlite3.Connection, context: TurnContext, params: dict[str, Any], ids: str
@@ -456,8 +490,11 @@ class SqliteAgentPersistence(TurnPersistence):
             raise NotFoundError()
         revision, active_run = row
         stale = context.expected_revision is not None and context.expected_revision != revision
+        now = _now()
         lease = _running(conn, params, active_run)
-        if stale or (lease is not None and lease > _now()) or _request_seen(conn, params):
+        if lease is not None and lease > now:
+            raise ConversationBusyError((lease - now) / 1_000_000)
+        if stale or _request_seen(conn, params):
             raise TurnConflictError()
         last_seq = conn.execute(_LAST_SEQ, params).fetchone()[0]
         named = conn.execute(_FIRST_NAMED_SEQ, params | {"ids": ids}).fetchone()[0]
@@ -466,41 +503,24 @@ class SqliteAgentPersistence(TurnPersistence):
         return revision, last_seq, [(seq, json.loads(message)) for seq, message in tail]
 
     async def execute_tool(self, context: TurnContext, state: TurnState, operation: ToolOperation) -> Any:
-        name, call_id, tool_input = self._checked_operation(state, operation)
-        earlier = self._unrecorded(state, call_id)
-        if earlier is not None:
-            return replayed_result(earlier, name, tool_input)
+        checked = self._checked_operation(state, operation)
+        replayed, output = self._replayed(state, checked)
+        if replayed:
+            return output
         results = list(state.unrecorded_results)
         params = _scope(context.identity, state.conversation_id) | {
             "run": state.run_id,
-            "call": call_id,
-            "name": name,
-            "input": canonical_json(tool_input),
+            "key": checked.key,
+            "call": checked.call_id,
+            "name": checked.name,
+            "input": canonical_json(checked.input),
         }
-
-        def claim(conn: sqlite3.Connection) -> tuple[str, Any]:
-            now = _now()
-            at = params | {"now": now}
-            if conn.execute(_CONVERSATION_EXISTS, at).fetchone() is None:
-                raise NotFoundError()
-            if not _is_active(conn, at):
-                raise AgentRunInactiveError()
-            _record_tool_results(conn, at, results)
-            conn.execute(_RENEW_LEASE, at | {"lease": now + self._lease_us})
-            if conn.execute(_CLAIM_TOOL, at).rowcount == 1:
-                _insert_events(conn, at, [_tool_event("tool.started", call_id, name)])
-                return "claimed", None
-            stored_name, stored_input, status, output, running = conn.execute(_EXISTING_TOOL, at).fetchone()
-            if stored_name != name or stored_input != params["input"]:
-                return "mismatch", None
-            if status == "completed":
-                return "completed", json.loads(output)
-            return ("in_flight" if status == "in_flight" and running else "uncertain"), None
-
-        state.running_tool_calls.add(call_id)
+        state.running_tool_calls.add(checked.key)
         claimed = False
         try:
-            outcome, output = await self._store._run(claim, write=True)
+            outcome, output = await self._store._run(
+                lambda conn: self._claim_tool(conn, params, checked, results), write=True
+            )
             del state.unrecorded_results[: len(results)]
             if outcome == "completed":
                 return output
@@ -511,10 +531,45 @@ class SqliteAgentPersistence(TurnPersistence):
             if outcome != "claimed":
                 raise ToolOperationUncertainError()
             claimed = True
-            return await self._execute(state, operation, name, call_id, tool_input)
+            return await self._execute(state, operation, checked)
         finally:
             if not claimed:
-                state.running_tool_calls.discard(call_id)
+                state.running_tool_calls.discard(checked.key)
+
+    def _claim_tool(
+        self,
+        conn: sqlite3.Connection,
+        params: dict[str, Any],
+        checked: CheckedOperation,
+        results: list[dict[str, Any]],
+    ) -> tuple[str, Any]:
+        """Record this run's earlier results and claim the operation: the outcome and any stored output."""
+        now = _now()
+        at = params | {"now": now}
+        if conn.execute(_CONVERSATION_EXISTS, at).fetchone() is None:
+            raise NotFoundError()
+        if not _is_active(conn, at):
+            raise AgentRunInactiveError()
+        _record_tool_results(conn, at, results)
+        conn.execute(_RENEW_LEASE, at | {"lease": now + self._lease_us})
+        started = [_tool_event("tool.started", checked.call_id, checked.name)]
+        if conn.execute(_CLAIM_TOOL, at).rowcount == 1:
+            _insert_events(conn, at, started)
+            return "claimed", None
+        name, stored_input, status, output, run_status, lease, worker = conn.execute(
+            _EXISTING_TOOL, at
+        ).fetchone()
+        if name != checked.name or stored_input != params["input"]:
+            return "mismatch", None
+        if status == "completed":
+            return "completed", json.loads(output)
+        if status == "in_flight" and run_status == "running" and _holds(lease, worker, now):
+            return "in_flight", None
+        if checked.idempotent:
+            conn.execute(_RECLAIM_TOOL, at)
+            _insert_events(conn, at, started)
+            return "claimed", None
+        return "uncertain", None
 
     async def finish_run(self, context: TurnContext, state: TurnState, outcome: RunOutcome) -> None:
         message = outcome.response_message
@@ -529,6 +584,7 @@ class SqliteAgentPersistence(TurnPersistence):
         ]
         results = list(state.unrecorded_results)
         params = _scope(context.identity, state.conversation_id) | {"run": state.run_id, "status": status}
+        self._store._leases.release(state.run_id)
 
         def finish(conn: sqlite3.Connection) -> None:
             at = params | {"now": _now()}
@@ -640,11 +696,20 @@ def _owned_rows(conn: sqlite3.Connection, statement: str, params: dict[str, Any]
 
 
 def _running(conn: sqlite3.Connection, params: dict[str, Any], active_run: str | None) -> int | None:
-    """When the conversation's active run is still running, the end of its lease; else `None`."""
+    """When the conversation's active run is still running, the end of its lease (0 when its
+    worker is gone: it is not running any more); else `None`."""
     if active_run is None:
         return None
     row = conn.execute(_ACTIVE_RUN, params | {"run": active_run}).fetchone()
-    return row[2] if row is not None and row[1] == "running" else None
+    if row is None or row[1] != "running":
+        return None
+    _, _, lease, worker = row
+    return lease if worker is None or worker in _LIVE_WORKERS else 0
+
+
+def _holds(lease: int, worker: int | None, now: int) -> bool:
+    """Whether a running run still holds what it claimed: within its lease and its worker alive."""
+    return lease > now and (worker is None or worker in _LIVE_WORKERS)
 
 
 def _request_seen(conn: sqlite3.Connection, params: dict[str, Any]) -> bool:
@@ -664,7 +729,7 @@ def _require_claimable(conn: sqlite3.Connection, params: dict[str, Any], *, revi
     if active is None:
         return
     if active > now:
-        raise TurnConflictError()
+        raise ConversationBusyError((active - now) / 1_000_000)
     conn.execute(_INTERRUPT_RUN, params | {"run": active_run})
     _insert_events(conn, params | {"run": active_run}, [run_event(active_run, "interrupted")])
 
@@ -719,14 +784,14 @@ def _record_tool_results(
     for result in results:
         status = result["status"]
         values = params | {
-            "call": result["toolCallId"],
+            "key": result["operationKey"],
             "status": status,
             "output": json.dumps(result["output"]) if status == "completed" else None,
         }
         row = conn.execute(_SETTLE_TOOL, values).fetchone()
         if row is not None:
             kind = "tool.completed" if status == "completed" else "tool.failed"
-            _insert_events(conn, values, [_tool_event(kind, result["toolCallId"], row[0])])
+            _insert_events(conn, values, [_tool_event(kind, row[1], row[0])])
 
 
 def _insert_events(conn: sqlite3.Connection, params: dict[str, Any], events: list[dict[str, Any]]) -> None:
