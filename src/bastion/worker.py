@@ -385,6 +385,11 @@ def _failure(request: Request, exc: Exception) -> RequestFailure:
     return _internal(exc)
 
 
+def status_error_code(status: int) -> str:
+    """The code the worker gives an HTTP error of `status` that carries none of its own."""
+    return _STATUS_ERRORS.get(status, ("http_error", ""))[0]
+
+
 def _internal(exc: Exception | None) -> RequestFailure:
     return RequestFailure(status=500, code="internal", message=_INTERNAL_MESSAGE, exception=exc)
 
