@@ -67,9 +67,8 @@ def _digits(value: object) -> object:
     return value
 
 
-Text = Annotated[str, AfterValidator(_storable)]
-Title = Annotated[Text, Field(max_length=MAX_TITLE)]
-Comment = Annotated[Text, Field(max_length=MAX_COMMENT)]
+Title = Annotated[str, Field(max_length=MAX_TITLE), AfterValidator(_storable)]
+Comment = Annotated[str, Field(max_length=MAX_COMMENT), AfterValidator(_storable)]
 Uuid = Annotated[str, Field(pattern=UUID_PATTERN)]
 
 
@@ -90,7 +89,7 @@ class ConversationTitle(StrictModel):
 
 
 class NewFeedback(StrictModel):
-    message_id: Annotated[Text, Field(min_length=1, max_length=200)]
+    message_id: Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_storable)]
     rating: Literal["up", "down"]
     comment: Annotated[Comment | None, Field(description="Empty or blank means no comment.")] = None
 
