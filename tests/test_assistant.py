@@ -814,3 +814,36 @@ async def test_deeply_nested_json_says_so(served: Served) -> None:
         )
         assert response.status_code == 400
         assert response.json()["message"] == "The body nests arrays and objects deeper than 64 levels."
+
+
+async def test_a_token_whose_subject_is_not_a_uuid_is_refused_alike_on_every_user_route(
+    served: Served,
+) -> None:
+    import jwt
+
+    from bastion.assistant.app import build_routes
+
+    signer = DevelopmentSignIn(data_dir=served.config.data_dir, issuer=f"{served.url}/auth/v1")
+    ada = jwt.decode(
+        (await served.sign_in("ada"))["Authorization"].split()[1], options={"verify_signature": False}
+    )
+    hostile = {
+        "subject": ada | {"sub": "user_2abcDEF"},
+        "tenant": ada | {"app_metadata": {"tenant_id": "t" * 201}},
+    }
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: None
+
+    user_routes = [route for route in build_routes(Recorder()) if route.auth == "user"]  # type: ignore[arg-type]
+    assert any("connections" in route.path for route in user_routes)
+    for claims in hostile.values():
+        token = jwt.encode(claims, signer._key, algorithm="ES256", headers={"kid": signer.kid})
+        for route in user_routes:
+            path = route.path.replace("{conversation_id}", str(uuid.uuid4()))
+            response = await served.client.request(
+                route.method, f"{served.url}{path}", json={}, headers={"Authorization": f"Bearer {token}"}
+            )
+            assert (route.path, response.status_code) == (route.path, 401)
+            assert response.json()["code"] == "invalid_claims"
