@@ -674,3 +674,176 @@ async def test_a_chat_on_an_unknown_id_with_history_is_not_found(served: Served)
     response = await chat(served, headers, str(uuid.uuid4()), history)
     assert response.status_code == 404
     assert response.json()["code"] == "not_found"
+
+
+# Bad input: a 400 naming the field and the rule, and nothing stored
+
+
+def _malformed_chats() -> dict[str, tuple[dict[str, Any], str]]:
+    def body(messages: list[Any], **fields: Any) -> dict[str, Any]:
+        return {"id": str(uuid.uuid4()), "messages": messages, "trigger": "submit-message", **fields}
+
+    hello = user_message("hello")
+    return {
+        "parts is 5": (body([hello | {"parts": 5}]), "messages[0].parts"),
+        "parts is true": (body([hello | {"parts": True}]), "messages[0].parts"),
+        "role is an object": (body([hello | {"role": {}}]), "messages[0].role"),
+        "role is a list in a later message": (
+            body([hello, user_message("x") | {"role": []}]),
+            "messages[1].role",
+        ),
+        "role is system": (body([hello | {"role": "system"}]), "messages[0].role"),
+        "trigger is an object": (body([hello], trigger={}), "trigger"),
+        "trigger is a list": (body([hello], trigger=[]), "trigger"),
+        "text is 5": (body([hello | {"parts": [{"type": "text", "text": 5}]}]), "messages[0].parts[0].text"),
+        "empty parts": (body([hello | {"parts": []}]), "messages[0].parts"),
+        "content instead of parts": (
+            body([{"id": "m1", "role": "user", "content": "hi"}]),
+            "messages[0].parts",
+        ),
+        "metadata on the first message": (
+            body([hello | {"metadata": {"admin": True}}]),
+            "messages[0].metadata",
+        ),
+        "a tool part in the first message": (
+            body(
+                [
+                    hello
+                    | {"parts": [{"type": "tool-save_note", "toolCallId": "c1", "state": "input-available"}]}
+                ]
+            ),
+            "messages[0].parts[0].type",
+        ),
+        "id is not a UUID": (body([hello], id="conversation-1"), "id"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_malformed_chats()))
+async def test_a_malformed_chat_is_invalid_input_naming_the_field_and_stores_nothing(
+    served: Served, case: str
+) -> None:
+    headers = await served.sign_in("ada")
+    body, field = _malformed_chats()[case]
+    response = await served.client.post(f"{served.url}/api/chat", json=body, headers=headers)
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert (error["code"], error["field"]) == ("invalid_input", field)
+    assert error["message"].startswith(field)
+    listed = await served.client.get(f"{served.url}/api/conversations", headers=headers)
+    assert listed.json()["conversations"] == []
+
+
+@pytest.mark.parametrize(
+    ("messages", "trigger"),
+    [
+        ([{"id": "a1", "role": "assistant", "parts": [{"type": "text", "text": "hi"}]}], "submit-message"),
+        ([user_message("hello")], "regenerate-message"),
+    ],
+    ids=["an assistant message", "the regenerate trigger"],
+)
+async def test_a_first_turn_that_is_not_a_new_user_message_is_not_found_and_stores_nothing(
+    served: Served, messages: list[Any], trigger: str
+) -> None:
+    headers = await served.sign_in("ada")
+    body = {"id": str(uuid.uuid4()), "messages": messages, "trigger": trigger}
+    response = await served.client.post(f"{served.url}/api/chat", json=body, headers=headers)
+    assert response.status_code == 404
+    listed = await served.client.get(f"{served.url}/api/conversations", headers=headers)
+    assert listed.json()["conversations"] == []
+
+
+async def test_a_lone_approval_answer_still_continues_an_existing_conversation(served: Served) -> None:
+    """The first-message check must not refuse a one-message window of a conversation that exists."""
+    headers = await served.sign_in("ada")
+    conversation = str(uuid.uuid4())
+    await chat(served, headers, conversation, [user_message("hello")])
+    resent = await served.client.get(
+        f"{served.url}/api/conversations/{conversation}/messages", headers=headers
+    )
+    [first, _] = resent.json()["messages"]
+    response = await served.client.post(
+        f"{served.url}/api/chat",
+        json={"id": conversation, "messages": [first], "trigger": "regenerate-message"},
+        headers=headers,
+    )
+    assert response.status_code == 200
+    assert "offline demo model" in streamed_text(response)
+
+
+async def test_too_long_titles_and_comments_name_the_field_and_the_limit(served: Served) -> None:
+    headers = await served.sign_in("ada")
+    conversation = str(uuid.uuid4())
+    await chat(served, headers, conversation, [user_message("hi")])
+    url = f"{served.url}/api/conversations/{conversation}"
+    renamed = await served.client.patch(url, json={"title": "t" * 501}, headers=headers)
+    assert renamed.status_code == 400
+    assert renamed.json() == {
+        "code": "invalid_input",
+        "message": "title: String should have at most 500 characters.",
+        "field": "title",
+    }
+    messages = await served.client.get(f"{url}/messages", headers=headers)
+    reply = messages.json()["messages"][-1]["id"]
+    rated = await served.client.post(
+        f"{url}/feedback", json={"message_id": reply, "rating": "up", "comment": "c" * 4001}, headers=headers
+    )
+    assert rated.status_code == 400
+    assert rated.json()["field"] == "comment"
+    assert rated.json()["message"] == "comment: String should have at most 4000 characters."
+
+
+@pytest.mark.parametrize("comment", ["", "   "])
+async def test_an_empty_feedback_comment_is_no_comment(served: Served, comment: str) -> None:
+    headers = await served.sign_in("ada")
+    conversation = str(uuid.uuid4())
+    await chat(served, headers, conversation, [user_message("hi")])
+    url = f"{served.url}/api/conversations/{conversation}"
+    reply = (await served.client.get(f"{url}/messages", headers=headers)).json()["messages"][-1]["id"]
+    rated = await served.client.post(
+        f"{url}/feedback", json={"message_id": reply, "rating": "down", "comment": comment}, headers=headers
+    )
+    assert rated.status_code == 201, rated.text
+    assert rated.json()["comment"] is None
+
+
+async def test_deeply_nested_json_says_so(served: Served) -> None:
+    headers = await served.sign_in("ada")
+    for body in (b"[" * 100_000, b'{"id": ' + b"[" * 100 + b"]" * 100 + b"}"):
+        response = await served.client.post(
+            f"{served.url}/api/chat", content=body, headers={**headers, "Content-Type": "application/json"}
+        )
+        assert response.status_code == 400
+        assert response.json()["message"] == "The body nests arrays and objects deeper than 64 levels."
+
+
+async def test_a_token_whose_subject_is_not_a_uuid_is_refused_alike_on_every_user_route(
+    served: Served,
+) -> None:
+    import jwt
+
+    from bastion.assistant.app import build_routes
+
+    signer = DevelopmentSignIn(data_dir=served.config.data_dir, issuer=f"{served.url}/auth/v1")
+    ada = jwt.decode(
+        (await served.sign_in("ada"))["Authorization"].split()[1], options={"verify_signature": False}
+    )
+    hostile = {
+        "subject": ada | {"sub": "user_2abcDEF"},
+        "tenant": ada | {"app_metadata": {"tenant_id": "t" * 201}},
+    }
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: None
+
+    user_routes = [route for route in build_routes(Recorder()) if route.auth == "user"]  # type: ignore[arg-type]
+    assert any("connections" in route.path for route in user_routes)
+    for claims in hostile.values():
+        token = jwt.encode(claims, signer._key, algorithm="ES256", headers={"kid": signer.kid})
+        for route in user_routes:
+            path = route.path.replace("{conversation_id}", str(uuid.uuid4()))
+            response = await served.client.request(
+                route.method, f"{served.url}{path}", json={}, headers={"Authorization": f"Bearer {token}"}
+            )
+            assert (route.path, response.status_code) == (route.path, 401)
+            assert response.json()["code"] == "invalid_claims"

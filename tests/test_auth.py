@@ -230,6 +230,16 @@ HOSTILE: dict[str, tuple[Mint, str]] = {
     "blank sub": (lambda k, e: es256(k, claims(e, sub="   ")), "invalid_claims"),
     "missing sub": (lambda k, e: es256(k, claims(e, sub=DROP)), "invalid_claims"),
     "non-string sub": (lambda k, e: es256(k, claims(e, sub=42)), "invalid_claims"),
+    # The stores hold user ids as UUIDs (auth.uid() is a uuid): any other subject is refused everywhere.
+    "third-party style sub": (lambda k, e: es256(k, claims(e, sub="user_2abcDEF")), "invalid_claims"),
+    "UUID without hyphens": (
+        lambda k, e: es256(k, claims(e, sub="7f1c1c4e1b0a4f399d386a1c2b7e9a01")),
+        "invalid_claims",
+    ),
+    "UUID in braces": (
+        lambda k, e: es256(k, claims(e, sub="{7f1c1c4e-1b0a-4f39-9d38-6a1c2b7e9a01}")),
+        "invalid_claims",
+    ),
     "missing exp": (lambda k, e: es256(k, claims(e, exp=DROP)), "invalid_claims"),
     "string exp": (lambda k, e: es256(k, claims(e, exp=str(int(NOW) + 60))), "invalid_claims"),
     "huge exp": (lambda k, e: es256(k, claims(e, exp=10**400)), "invalid_claims"),
@@ -314,7 +324,9 @@ async def test_tenant_and_roles_claims_are_configurable(
     assert (principal.tenant_id, principal.roles) == ("tenant-b", ("billing",))
 
 
-@pytest.mark.parametrize("tenant", [42, "", ["acme"], {"id": "acme"}, True], ids=repr)
+@pytest.mark.parametrize(
+    "tenant", [42, "", ["acme"], {"id": "acme"}, True, "t" * 201, "nul\x00", "lone \ud800"], ids=repr
+)
 async def test_a_tenant_claim_that_is_not_a_name_is_refused_not_taken_as_no_tenant(
     verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, tenant: Any
 ) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bastion.approvals import AgentApprovalAuthorizationError, ApprovalDecision
-from bastion.history import AgentHistoryConflictError, reconcile_agent_messages
+from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 
 Message = dict[str, Any]
 SUBMIT = "submit-message"
@@ -285,9 +285,135 @@ def test_there_are_at_least_thirty_forged_windows() -> None:
 
 async def test_conflict_error_has_a_stable_code_and_a_generic_message() -> None:
     with pytest.raises(AgentHistoryConflictError) as caught:
-        await reconcile_agent_messages([USER], [], trigger=SUBMIT)
+        await reconcile_agent_messages([USER, DONE, NEXT], [USER, NEXT], trigger=SUBMIT)
     assert caught.value.code == "history_conflict"
+    assert caught.value.status == 409
     assert str(caught.value) == "The conversation changed. Reload it before continuing."
+
+
+# A request that is wrong whatever is stored, or a new message that breaks the rules, is a 400 naming the
+# field: reloading the conversation would not help.
+MALFORMED: dict[str, tuple[Any, Any, str, str]] = {
+    "trigger is an object": ([NEXT], {}, "trigger", "must be 'submit-message' or 'regenerate-message'."),
+    "trigger is a list": ([NEXT], [], "trigger", "must be 'submit-message' or 'regenerate-message'."),
+    "unknown trigger": ([NEXT], "resume", "trigger", "must be 'submit-message' or 'regenerate-message'."),
+    "no messages": ([], SUBMIT, "messages", "must be a non-empty list of UI messages."),
+    "messages is an object": ({"0": NEXT}, SUBMIT, "messages", "must be a non-empty list of UI messages."),
+    "message is a string": ([USER, "hi"], SUBMIT, "messages[1]", "must be an object."),
+    "role is an object": (
+        [{**NEXT, "role": {}}],
+        SUBMIT,
+        "messages[0].role",
+        "must be 'user' or 'assistant'.",
+    ),
+    "role is a list": (
+        [USER, {**NEXT, "role": []}],
+        SUBMIT,
+        "messages[1].role",
+        "must be 'user' or 'assistant'.",
+    ),
+    "role is system": (
+        [{**NEXT, "role": "system"}],
+        SUBMIT,
+        "messages[0].role",
+        "must be 'user' or 'assistant'.",
+    ),
+    "id is a number": ([{**NEXT, "id": 5}], SUBMIT, "messages[0].id", "must be a non-empty string."),
+    "id repeats": (
+        [USER, {**NEXT, "id": "u1"}],
+        SUBMIT,
+        "messages[1].id",
+        "repeats the id of an earlier message.",
+    ),
+    "content instead of parts": (
+        [{"id": "u2", "role": "user", "content": "hi"}],
+        SUBMIT,
+        "messages[0].parts",
+        "must be a list of message parts.",
+    ),
+    "parts is a number": (
+        [{**NEXT, "parts": 5}],
+        SUBMIT,
+        "messages[0].parts",
+        "must be a list of message parts.",
+    ),
+    "parts is true": (
+        [{**NEXT, "parts": True}],
+        SUBMIT,
+        "messages[0].parts",
+        "must be a list of message parts.",
+    ),
+    "part without a type": (
+        [{**NEXT, "parts": [{"text": "x"}]}],
+        SUBMIT,
+        "messages[0].parts[0]",
+        "must be an object with a type.",
+    ),
+    "empty parts": ([{**NEXT, "parts": []}], SUBMIT, "messages[0].parts", "must hold at least one part."),
+    "text is a number": (
+        [{**NEXT, "parts": [{"type": "text", "text": 5}]}],
+        SUBMIT,
+        "messages[0].parts[0].text",
+        "must be a string.",
+    ),
+    "metadata on a new message": (
+        [USER, DONE, {**NEXT, "metadata": {}}],
+        SUBMIT,
+        "messages[2].metadata",
+        "is not allowed: send only id, role and parts.",
+    ),
+    "a tool part in a new message": (
+        [{**NEXT, "parts": [{"type": "tool-x", "toolCallId": "c"}]}],
+        SUBMIT,
+        "messages[0].parts[0].type",
+        "must be 'text' or 'file' in a message a user writes.",
+    ),
+    "provider metadata on a new text": (
+        [{**NEXT, "parts": [{"type": "text", "text": "x", "providerMetadata": {}}]}],
+        SUBMIT,
+        "messages[0].parts[0].providerMetadata",
+        "is not allowed: send only text, type.",
+    ),
+    "file without a url": (
+        [{**NEXT, "parts": [{"type": "file", "mediaType": "text/plain"}]}],
+        SUBMIT,
+        "messages[0].parts[0].url",
+        "must be a string.",
+    ),
+    "file with a url the model cannot read": (
+        [{**NEXT, "parts": [{"type": "file", "mediaType": "text/plain", "url": "file:///etc/passwd"}]}],
+        SUBMIT,
+        "messages[0].parts[0].url",
+        "must be an http(s) address or a base64 data URL.",
+    ),
+    "an edit with a number for text": (
+        [{**USER, "parts": [{"type": "text", "text": 5}]}],
+        SUBMIT,
+        "messages[0].parts[0].text",
+        "must be a string.",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+async def test_a_malformed_request_is_invalid_input_naming_the_field_and_the_rule(name: str) -> None:
+    incoming, trigger, field, rule = MALFORMED[name]
+    policy = Policy()
+    with pytest.raises(AgentMessagesInvalidError) as caught:
+        await reconcile_agent_messages(
+            [USER, DONE], incoming, trigger=trigger, context=None, can_respond_to_approval=policy
+        )
+    assert (caught.value.code, caught.value.status, caught.value.field) == ("invalid_input", 400, field)
+    assert caught.value.message == f"{field} {rule}"
+    assert policy.calls == []
+
+
+async def test_a_huge_or_unprintable_key_is_named_cut_short() -> None:
+    for key in ("k" * 5000, "bad\x00key\ud800"):
+        with pytest.raises(AgentMessagesInvalidError) as caught:
+            await reconcile_agent_messages([], [{**NEXT, key: 1}], trigger=SUBMIT)
+        assert len(caught.value.message) < 120
+        caught.value.message.encode("utf-8")  # a lone surrogate could not be sent
 
 
 async def test_duplicate_ids_in_stored_history_are_a_conflict() -> None:

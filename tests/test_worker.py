@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from bastion.auth import SupabaseEnv, TokenVerifier
-from bastion.history import AgentHistoryConflictError
+from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError
 from bastion.worker import RequestContext, RequestFailure, Route, create_agent_worker
 from tests.live_server import live_server
 from tests.supabase_tokens import JwksHost, SigningKeys, es256, user_claims
@@ -554,4 +554,22 @@ async def test_a_bastion_error_keeps_its_status_code_and_safe_message() -> None:
     assert response.json() == {
         "code": "history_conflict",
         "message": "The conversation changed. Reload it before continuing.",
+    }
+
+
+async def test_an_error_that_names_a_field_sends_it() -> None:
+    async def malformed(request: Request, context: RequestContext) -> Response:
+        raise AgentMessagesInvalidError("messages[0].role", "must be 'user' or 'assistant'")
+
+    app = create_agent_worker(
+        env=SupabaseEnv(url="https://project-ref.supabase.co", jwks={"keys": []}, jwt_secret="x" * 32),
+        routes=[Route(method="POST", path="/chat", auth="none", handler=malformed)],
+    )
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test") as client:
+        response = await client.post("/chat")
+    assert response.status_code == 400
+    assert response.json() == {
+        "code": "invalid_input",
+        "message": "messages[0].role must be 'user' or 'assistant'.",
+        "field": "messages[0].role",
     }

@@ -8,7 +8,7 @@ from bastion._loop import AgentStreamResult, ExecuteToolHook
 from bastion.agent import Agent, AgentSession, AgentSessionClosedError, AgentTools, define_agent
 from bastion.approvals import AgentApprovalAuthorizationError, ApprovalDecision
 from bastion.errors import BastionError, ToolError
-from bastion.history import AgentHistoryConflictError, reconcile_agent_messages
+from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.persistence import (
     AgentPersistence,
     AgentRun,
@@ -47,6 +47,7 @@ __all__ = [
     "AgentApprovalAuthorizationError",
     "AgentCancelledError",
     "AgentHistoryConflictError",
+    "AgentMessagesInvalidError",
     "AgentPersistence",
     "AgentRun",
     "AgentRunInactiveError",

@@ -4,6 +4,11 @@ Tokens are checked against the project's signing keys (a JWKS of ES256 or RS256 
 cached as parsed key objects) or the optional legacy HS256 secret. The key decides the algorithm, never
 the token. Issuer, audience, role, subject and lifetime are checked the way Supabase issues user tokens,
 so a service-role or anonymous-key token is refused where a signed-in user is expected.
+
+The subject is the user's id, a UUID, as Supabase Auth issues it and as the stores hold it (`auth.uid()`
+is a uuid); a token whose `sub` is anything else is refused as `invalid_claims` on every route, so no
+route can half-accept such a user. A tenant claim must likewise be a name the stores can hold: 1 to
+200 characters, no NUL or unpaired surrogate.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import logging
 import math
 import re
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -61,6 +67,7 @@ _MIN_RSA_BITS = 2048
 _MIN_SECRET_BYTES = 32
 _COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _USER_ROLE = "authenticated"
+_MAX_TENANT_LENGTH = 200
 
 
 class AuthenticationError(Exception):
@@ -314,14 +321,13 @@ class TokenVerifier:
             claims.get("iss") != self.env.issuer
             or not audience_ok
             or claims.get("role") != _USER_ROLE
-            or not isinstance(subject, str)
-            or not subject.strip()
+            or not _is_user_id(subject)
         ):
             raise AuthenticationError("invalid_claims")
 
     def _principal(self, claims: dict[str, Any]) -> Principal:
         tenant = _claim_at(claims, self._tenant_path)
-        if tenant is not None and not (isinstance(tenant, str) and tenant):
+        if tenant is not None and not _is_tenant_name(tenant):
             # A tenant claim that is there but unreadable must not place the user outside any tenant.
             raise AuthenticationError("invalid_claims")
         roles = _claim_at(claims, self._roles_path)
@@ -381,6 +387,27 @@ def _timestamp(value: Any) -> float | None:
     except OverflowError:
         return None
     return seconds if math.isfinite(seconds) else None
+
+
+def _is_user_id(value: Any) -> bool:
+    """A UUID in its 36-character form, the only kind of subject Supabase Auth issues."""
+    if not isinstance(value, str) or len(value) != 36:
+        return False
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_tenant_name(value: Any) -> bool:
+    if not isinstance(value, str) or not 0 < len(value) <= _MAX_TENANT_LENGTH or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _optional_text(value: Any) -> str | None:

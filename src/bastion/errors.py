@@ -11,16 +11,20 @@ __all__ = ["BastionError", "ToolError"]
 class BastionError(Exception):
     """A refusal the client may see: a stable machine `code`, a message that leaks nothing, an HTTP status.
 
-    The worker answers any of these with `{"code": ..., "message": ...}` and `status`; every other
+    The worker answers any of these with `{"code": ..., "message": ...}` and `status`, plus `field`
+    (the request value at fault, such as `messages[0].role`) when the error names one; every other
     exception is an internal error and only its generic text leaves the server.
     """
 
     code: ClassVar[str] = "error"
     status: ClassVar[int] = 400
+    field: str | None = None
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        if field is not None:
+            self.field = field
 
     @property
     def headers(self) -> Mapping[str, str]:

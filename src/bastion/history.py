@@ -19,9 +19,14 @@ and returns the history to run, built from the stored messages:
   (other stored approval fields may be echoed unchanged or left out; the stored ones are kept).
   A message already holding a response may be resent as it is (retrying a continuation).
 
-Anything else raises `AgentHistoryConflictError` before any callback runs. New user messages carry
-only `id`, `role` and `parts`: browser-chosen metadata or provider fields would become canonical
-history, so they are refused. Equality is JSON equality (`1`, `1.0` and `true` differ).
+Anything else raises `AgentHistoryConflictError` (409: the browser's copy is stale or forged) before
+any callback runs. A request that is malformed whatever is stored (a trigger or role that is not one
+of the names, a message without a string id or a `parts` list) and a new or edited user message that
+breaks the rules below raise its subclass `AgentMessagesInvalidError` instead: 400 `invalid_input`,
+naming the field (`messages[0].parts[1].text`) and the rule. New user messages carry only `id`, `role`
+and a non-empty `parts` of text and file parts: browser-chosen metadata or provider fields would
+become canonical history, so they are refused. Equality is JSON equality (`1`, `1.0` and `true`
+differ).
 
 Then `can_respond_to_approval(context, decision)` runs once per changed decision. Without it,
 approvals are accepted, and the caller must enforce that the responder owns the conversation.
@@ -41,6 +46,9 @@ __all__ = [
     "REGENERATE_MESSAGE",
     "SUBMIT_MESSAGE",
     "AgentHistoryConflictError",
+    "AgentMessagesInvalidError",
+    "check_agent_messages",
+    "check_trigger",
     "reconcile_agent_messages",
 ]
 
@@ -64,8 +72,22 @@ class AgentHistoryConflictError(BastionError):
     code: ClassVar[str] = "history_conflict"
     status: ClassVar[int] = 409
 
-    def __init__(self) -> None:
-        super().__init__("The conversation changed. Reload it before continuing.")
+    def __init__(self, message: str = "The conversation changed. Reload it before continuing.") -> None:
+        super().__init__(message)
+
+
+class AgentMessagesInvalidError(AgentHistoryConflictError):
+    """The browser's messages are malformed: `field` names the value, the message the rule it breaks.
+
+    A subclass of the conflict, so code that refuses any illegitimate window still catches it; its
+    status is 400 because reloading would not help: the request itself is wrong.
+    """
+
+    code: ClassVar[str] = "invalid_input"
+    status: ClassVar[int] = 400
+
+    def __init__(self, field: str, rule: str) -> None:
+        BastionError.__init__(self, f"{field} {rule}.", field=field)
 
 
 @overload
@@ -109,10 +131,9 @@ async def reconcile_agent_messages(
     (`AgentApprovalAuthorizationError` unless it returns `True`). With no policy, approvals are
     accepted: the caller must already have checked that the responder owns the conversation.
     """
-    if trigger not in _TRIGGERS:
-        _conflict()
+    check_trigger(trigger)
     positions = _stored_positions(previous)
-    window = _checked_window(incoming)
+    window = _in_stored_shape_all(check_agent_messages(incoming))
     history, decisions = _reconcile(previous, positions, window, trigger)
     if can_respond_to_approval is not None:
         for decision in decisions:
@@ -136,23 +157,45 @@ def _stored_positions(previous: Sequence[dict[str, Any]]) -> dict[str, int]:
     return positions
 
 
-def _checked_window(incoming: Sequence[Any]) -> list[dict[str, Any]]:
-    """Refuse anything that is not a non-empty list of well-formed user or assistant messages."""
+def check_trigger(trigger: object) -> str:
+    """The AI SDK trigger, or `AgentMessagesInvalidError` naming `trigger`."""
+    if not isinstance(trigger, str) or trigger not in _TRIGGERS:
+        raise AgentMessagesInvalidError("trigger", f"must be '{SUBMIT_MESSAGE}' or '{REGENERATE_MESSAGE}'")
+    return trigger
+
+
+def check_agent_messages(incoming: object) -> list[dict[str, Any]]:
+    """The browser's messages if their shape is one reconciliation reads, whatever is stored.
+
+    A non-empty list of objects, each with a unique non-empty string `id`, a `role` of `user` or
+    `assistant` and a `parts` list of objects with a string `type`. Anything else is
+    `AgentMessagesInvalidError` naming the first field at fault (`messages[2].role`).
+    """
     if not isinstance(incoming, list | tuple) or not incoming:
-        _conflict()
+        raise AgentMessagesInvalidError("messages", "must be a non-empty list of UI messages")
     seen: set[str] = set()
-    for message in incoming:
+    for index, message in enumerate(incoming):
+        where = f"messages[{index}]"
         if not isinstance(message, dict):
-            _conflict()
+            raise AgentMessagesInvalidError(where, "must be an object")
         message_id, role, parts = message.get("id"), message.get("role"), message.get("parts")
-        if not isinstance(message_id, str) or not message_id or message_id in seen:
-            _conflict()
-        if role not in _ROLES or not isinstance(parts, list):
-            _conflict()
-        if not all(isinstance(part, dict) and isinstance(part.get("type"), str) for part in parts):
-            _conflict()
+        if not isinstance(message_id, str) or not message_id:
+            raise AgentMessagesInvalidError(f"{where}.id", "must be a non-empty string")
+        if message_id in seen:
+            raise AgentMessagesInvalidError(f"{where}.id", "repeats the id of an earlier message")
+        if not isinstance(role, str) or role not in _ROLES:
+            raise AgentMessagesInvalidError(f"{where}.role", "must be 'user' or 'assistant'")
+        if not isinstance(parts, list):
+            raise AgentMessagesInvalidError(f"{where}.parts", "must be a list of message parts")
+        for number, part in enumerate(parts):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise AgentMessagesInvalidError(f"{where}.parts[{number}]", "must be an object with a type")
         seen.add(message_id)
-    return [_in_stored_shape(message) for message in incoming]
+    return list(incoming)
+
+
+def _in_stored_shape_all(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [_in_stored_shape(message) for message in messages]
 
 
 def _in_stored_shape(message: dict[str, Any]) -> dict[str, Any]:
@@ -184,11 +227,12 @@ def _reconcile(
     trigger: str,
 ) -> tuple[list[dict[str, Any]], list[ApprovalDecision]]:
     *earlier, last = window
+    where = f"messages[{len(earlier)}]"
     start = positions.get(window[0]["id"])
     if start is None:
         if earlier:
             _conflict()
-        return _append(previous, last, trigger), []
+        return _append(previous, last, trigger, where), []
     for offset, message in enumerate(earlier):
         position = start + offset
         if position >= len(previous) or not _same(message, previous[position]):
@@ -197,53 +241,79 @@ def _reconcile(
     if last["id"] not in positions:
         if position != len(previous):
             _conflict()
-        return _append(previous, last, trigger), []
+        return _append(previous, last, trigger, where), []
     if positions[last["id"]] != position or previous[position].get("role") != last["role"]:
         _conflict()
     if last["role"] == "user":
-        return _resend(previous, position, last, trigger), []
+        return _resend(previous, position, last, trigger, where), []
     return _answer_approvals(previous, position, last, trigger)
 
 
 def _append(
-    previous: Sequence[dict[str, Any]], message: dict[str, Any], trigger: str
+    previous: Sequence[dict[str, Any]], message: dict[str, Any], trigger: str, where: str
 ) -> list[dict[str, Any]]:
-    if trigger != SUBMIT_MESSAGE:
+    """A message the store does not have: only a user may add one, and only by sending it."""
+    if trigger != SUBMIT_MESSAGE or message["role"] != "user":
         _conflict()
-    return [*_copies(previous), _new_user_message(message)]
+    return [*_copies(previous), _new_user_message(message, where)]
 
 
 def _resend(
-    previous: Sequence[dict[str, Any]], position: int, message: dict[str, Any], trigger: str
+    previous: Sequence[dict[str, Any]], position: int, message: dict[str, Any], trigger: str, where: str
 ) -> list[dict[str, Any]]:
     """Regenerate from, resend or edit a stored user message; later stored messages are dropped."""
     if _same(message, previous[position]):
         return _copies(previous[: position + 1])
     if trigger != SUBMIT_MESSAGE:
         _conflict()
-    return [*_copies(previous[:position]), _new_user_message(message)]
+    return [*_copies(previous[:position]), _new_user_message(message, where)]
 
 
-def _new_user_message(message: dict[str, Any]) -> dict[str, Any]:
+def _new_user_message(message: dict[str, Any], where: str) -> dict[str, Any]:
     """A copy of a browser-written user message holding only what a user may write."""
     parts = message["parts"]
-    if message.keys() != _NEW_USER_MESSAGE_KEYS or message["role"] != "user" or not parts:
-        _conflict()
-    return {"id": message["id"], "role": "user", "parts": [_user_part(part) for part in parts]}
+    extra = sorted(message.keys() - _NEW_USER_MESSAGE_KEYS)
+    if extra:
+        raise AgentMessagesInvalidError(
+            f"{where}.{_shown(extra[0])}", "is not allowed: send only id, role and parts"
+        )
+    if not parts:
+        raise AgentMessagesInvalidError(f"{where}.parts", "must hold at least one part")
+    return {
+        "id": message["id"],
+        "role": "user",
+        "parts": [_user_part(part, f"{where}.parts[{index}]") for index, part in enumerate(parts)],
+    }
 
 
-def _user_part(part: dict[str, Any]) -> dict[str, str]:
-    if part["type"] == "text" and part.keys() == _TEXT_PART_KEYS and isinstance(part["text"], str):
+def _user_part(part: dict[str, Any], where: str) -> dict[str, str]:
+    kind = part["type"]
+    if kind == "text":
+        _only_keys(part, _TEXT_PART_KEYS, where)
+        if not isinstance(part.get("text"), str):
+            raise AgentMessagesInvalidError(f"{where}.text", "must be a string")
         return {"type": "text", "text": part["text"]}
-    if (
-        part["type"] == "file"
-        and part.keys() <= _FILE_PART_KEYS
-        and {"mediaType", "url"} <= part.keys()
-        and all(isinstance(value, str) for value in part.values())
-        and _is_file_url(part["url"])
-    ):
+    if kind == "file":
+        _only_keys(part, _FILE_PART_KEYS, where)
+        for key in ("mediaType", "url", "filename"):
+            if (key in part or key != "filename") and not isinstance(part.get(key), str):
+                raise AgentMessagesInvalidError(f"{where}.{key}", "must be a string")
+        if not _is_file_url(part["url"]):
+            raise AgentMessagesInvalidError(f"{where}.url", "must be an http(s) address or a base64 data URL")
         return dict(part)
-    _conflict()
+    raise AgentMessagesInvalidError(f"{where}.type", "must be 'text' or 'file' in a message a user writes")
+
+
+def _only_keys(part: dict[str, Any], allowed: frozenset[str], where: str) -> None:
+    extra = sorted(part.keys() - allowed)
+    if extra:
+        names = ", ".join(sorted(allowed))
+        raise AgentMessagesInvalidError(f"{where}.{_shown(extra[0])}", f"is not allowed: send only {names}")
+
+
+def _shown(key: str) -> str:
+    """A key as named in an error: the browser's own text, cut short so a huge key cannot echo back."""
+    return key if len(key) <= 40 and key.isprintable() else f"{key[:40].encode('ascii', 'replace').decode()}…"
 
 
 def _is_file_url(url: str) -> bool:

@@ -91,13 +91,15 @@ a returned `Response` refuses with that response; a raised `HTTPException` refus
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestFailure:
-    """An error about to be shown to a client. `exception` is the cause, for logs only."""
+    """An error about to be shown to a client. `exception` is the cause, for logs only; `field` names
+    the request value at fault, when the error knows it."""
 
     status: int
     code: str
     message: str
     headers: Mapping[str, str] = field(default_factory=dict)
     exception: BaseException | None = None
+    field: str | None = None
 
 
 ErrorFormatter: TypeAlias = Callable[[Request, RequestFailure], Awaitable[Response] | Response]
@@ -259,8 +261,11 @@ class _Worker:
             except Exception:
                 logger.exception("The on_error formatter failed; sending the default error.")
                 failure = _internal(None)
+        body = {"code": failure.code, "message": failure.message}
+        if failure.field is not None:
+            body["field"] = failure.field
         return JSONResponse(
-            {"code": failure.code, "message": failure.message},
+            body,
             status_code=failure.status,
             headers=dict(failure.headers),
         )
@@ -363,7 +368,12 @@ def _failure(request: Request, exc: Exception) -> RequestFailure:
         return RequestFailure(status=503, code=exc.code, message=exc.message, exception=exc)
     if isinstance(exc, BastionError):
         return RequestFailure(
-            status=exc.status, code=exc.code, message=exc.message, headers=exc.headers, exception=exc
+            status=exc.status,
+            code=exc.code,
+            message=exc.message,
+            headers=exc.headers,
+            exception=exc,
+            field=exc.field,
         )
     if isinstance(exc, HTTPException):
         code, message = _STATUS_ERRORS.get(exc.status_code, ("http_error", _phrase(exc.status_code)))
@@ -378,6 +388,11 @@ def _failure(request: Request, exc: Exception) -> RequestFailure:
         )
     logger.error("Unhandled error in %s %s.", request.method, request.url.path, exc_info=exc)
     return _internal(exc)
+
+
+def status_error_code(status: int) -> str:
+    """The code the worker gives an HTTP error of `status` that carries none of its own."""
+    return _STATUS_ERRORS.get(status, ("http_error", ""))[0]
 
 
 def _internal(exc: Exception | None) -> RequestFailure:

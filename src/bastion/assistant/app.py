@@ -21,14 +21,33 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from bastion import AgentTools, start_agent_run
+from bastion import AgentTools, __version__, start_agent_run
+from bastion.api import (
+    EventStream,
+    InvalidRequestError,
+    PlainBody,
+    json_response,
+    openapi_document,
+    operation,
+)
 from bastion.assistant.agent import AssistantContext, assistant_agent
 from bastion.assistant.demo_model import demo_model
 from bastion.assistant.dev_auth import DevelopmentSignIn, InvalidUserNameError
 from bastion.assistant.notes import PostgresNoteBook
-from bastion.assistant.openapi import openapi_document
 from bastion.assistant.remote import UserCredentials
+from bastion.assistant.schemas import (
+    ConnectionStatus,
+    ConnectionToken,
+    DevelopmentToken,
+    DevelopmentTokenRequest,
+    DevelopmentUser,
+    Health,
+    Info,
+)
 from bastion.auth import Principal, SupabaseEnv, TokenVerifier
+from bastion.chat_request import ChatRequest
+from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
+from bastion.persistence import AgentRun
 from bastion.stores import (
     InvalidInputError,
     NotFoundError,
@@ -37,7 +56,7 @@ from bastion.stores import (
     TurnContext,
     check_storable_message,
 )
-from bastion.stores.routes import InvalidRequestError, conversation_routes, json_body
+from bastion.stores.routes import conversation_routes
 from bastion.stream import StreamStatus, create_agent_stream_response
 from bastion.worker import RequestContext, Route, create_agent_worker
 
@@ -45,7 +64,6 @@ __all__ = ["AssistantApp", "build_routes"]
 
 logger = logging.getLogger("bastion.assistant")
 
-TRIGGERS = frozenset({"submit-message", "regenerate-message"})
 TITLE_LENGTH = 80
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css"}
@@ -88,24 +106,18 @@ class AssistantApp:
 
     # Chat
 
-    async def chat(self, request: Request, context: RequestContext) -> Response:
+    @operation(
+        body=ChatRequest,
+        responses={200: EventStream("The AI SDK UI message stream")},
+        errors=(403, 404, 409, 502),
+    )
+    async def chat(self, request: Request, context: RequestContext, *, body: ChatRequest) -> Response:
         """Run one turn of a conversation and answer with the AI SDK UI message stream."""
         principal = _principal(context)
-        body = await json_body(request)
-        conversation_id = _uuid(body.get("id"), "id")
-        trigger = body.get("trigger", "submit-message")
-        messages = body.get("messages")
-        if trigger not in TRIGGERS:
-            raise InvalidRequestError("trigger must be 'submit-message' or 'regenerate-message'.")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise InvalidRequestError("messages must be a non-empty list of UI messages.")
+        conversation_id = str(uuid.UUID(body.id))
         identity = StoreIdentity.from_principal(principal)
         turn = TurnContext(identity=identity, conversation_id=conversation_id, request_id=str(uuid.uuid4()))
-        if len(messages) == 1:
-            await self._create_for_chat(identity, conversation_id, messages)
-        run = await start_agent_run(
-            persistence=self.persistence, context=turn, messages=messages, trigger=trigger
-        )
+        run = await self._start_turn(turn, body)
         assistant_context = AssistantContext(
             principal=principal,
             conversation_id=conversation_id,
@@ -136,33 +148,55 @@ class AssistantApp:
             result, original_messages=run.messages, on_finish=on_finish, on_settled=on_settled
         )
 
-    async def _create_for_chat(
-        self, identity: StoreIdentity, conversation_id: str, messages: list[Any]
-    ) -> None:
-        """A conversation's first message (the AI SDK client sends one message then) creates it for the
-        caller. An id that is taken is left alone: the claim that follows finds the caller's own
-        conversation, and answers 404 for anyone else's. A message that could not be stored is
-        refused first, so it leaves no empty conversation behind."""
-        check_storable_message(messages[0])
+    async def _start_turn(self, turn: TurnContext, body: ChatRequest) -> AgentRun[Any, Any]:
+        """Claim the turn. A conversation's first message (the AI SDK client sends one message then)
+        creates it for the caller, but only once it is known to be a message a conversation can start
+        with, so a refused request stores nothing."""
+        try:
+            return await self._claim(turn, body)
+        except NotFoundError:
+            if len(body.messages) != 1:
+                raise
+        await self._create_for_chat(turn, body)
+        return await self._claim(turn, body)
+
+    async def _claim(self, turn: TurnContext, body: ChatRequest) -> AgentRun[Any, Any]:
+        return await start_agent_run(
+            persistence=self.persistence, context=turn, messages=body.messages, trigger=body.trigger
+        )
+
+    async def _create_for_chat(self, turn: TurnContext, body: ChatRequest) -> None:
+        """Create the conversation a valid first message starts. Anything but a new user message speaks
+        of a history that is not there: not found. An id that is taken is left alone: the claim that
+        follows answers 404 for anyone else's conversation."""
+        try:
+            [first] = await reconcile_agent_messages([], body.messages, trigger=body.trigger)
+        except AgentMessagesInvalidError:
+            raise
+        except AgentHistoryConflictError:
+            raise NotFoundError() from None
+        check_storable_message(first)
         with contextlib.suppress(InvalidInputError):
             await self.store.create_conversation(
-                identity, conversation_id=conversation_id, title=_title_from(messages)
+                turn.identity, conversation_id=turn.conversation_id, title=_title_from([first])
             )
 
     # The caller's own MCP credential (BASTION_MCP_AUTH=user only)
 
+    @operation(responses={200: ConnectionStatus}, errors=(404,))
     async def connection_status(self, request: Request, context: RequestContext) -> Response:
         """Whether the caller has connected the MCP server; the credential itself is never returned."""
         credentials = self._user_credentials()
-        return JSONResponse({"connected": await credentials.connected(_principal(context))})
+        return json_response(ConnectionStatus(connected=await credentials.connected(_principal(context))))
 
-    async def connect(self, request: Request, context: RequestContext) -> Response:
+    @operation(body=ConnectionToken, responses={200: ConnectionStatus}, errors=(404,))
+    async def connect(self, request: Request, context: RequestContext, *, body: ConnectionToken) -> Response:
         """Store the caller's own bearer token for the MCP server, replacing any stored before."""
         credentials = self._user_credentials()
-        body = await json_body(request)
-        await credentials.connect(_principal(context), body.get("token"))
-        return JSONResponse({"connected": True})
+        await credentials.connect(_principal(context), body.token)
+        return json_response(ConnectionStatus(connected=True))
 
+    @operation(responses={204: None}, errors=(404,))
     async def disconnect(self, request: Request, context: RequestContext) -> Response:
         """Forget the caller's MCP credential; their next turn asks them to connect again."""
         credentials = self._user_credentials()
@@ -177,57 +211,71 @@ class AssistantApp:
 
     # Public routes
 
+    @operation(responses={200: Health})
     async def health(self, request: Request, context: RequestContext) -> Response:
         """Whether the server is up."""
-        return JSONResponse({"status": "ok"})
+        return json_response(Health(status="ok"))
 
+    @operation(responses={200: Info})
     async def info(self, request: Request, context: RequestContext) -> Response:
         """Which model runs and how users sign in."""
-        return JSONResponse(
-            {
-                "demo_model": self.demo,
-                "model": "demo" if self.demo else self.active_model.model_name,
-                "development_sign_in": self.development_sign_in is not None,
-            }
+        return json_response(
+            Info(
+                demo_model=self.demo,
+                model="demo" if self.demo else self.active_model.model_name,
+                development_sign_in=self.development_sign_in is not None,
+            )
         )
 
+    @operation(responses={200: PlainBody("The OpenAPI 3.1 document", ("application/json",))})
     async def openapi(self, request: Request, context: RequestContext) -> Response:
         """This document."""
-        return JSONResponse(openapi_document(build_routes(self)))
+        return JSONResponse(
+            openapi_document(build_routes(self), title="bastion assistant", version=__version__)
+        )
 
+    @operation(responses={200: PlainBody("A JSON Web Key Set", ("application/json",))}, errors=(404,))
     async def jwks(self, request: Request, context: RequestContext) -> Response:
         """The development signing keys (development sign-in only)."""
         if self.development_sign_in is None:
             raise NotFoundError()
         return JSONResponse(self.development_sign_in.jwks)
 
-    async def development_token(self, request: Request, context: RequestContext) -> Response:
-        """Issue a development token for a user name (loopback only)."""
+    def development_sign_in_reachable(self, request: Request, context: RequestContext) -> None:
+        """Development tokens exist only with development sign-in and only for this machine: 404 before
+        the body is read otherwise, as for any address that is not there."""
         if self.development_sign_in is None or not _from_loopback(request):
+            raise NotFoundError()
+
+    @operation(body=DevelopmentTokenRequest, responses={200: DevelopmentToken}, errors=(404,))
+    async def development_token(
+        self, request: Request, context: RequestContext, *, body: DevelopmentTokenRequest
+    ) -> Response:
+        """Issue a development token for a user name (loopback only)."""
+        if self.development_sign_in is None:
             raise NotFoundError()
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             raise InvalidRequestError("Send the user name as JSON (Content-Type: application/json).")
-        body = await json_body(request)
-        user = body.get("user")
-        if not isinstance(user, str):
-            raise InvalidRequestError(str(InvalidUserNameError()))
         try:
-            token = self.development_sign_in.issue_token(user)
+            token = self.development_sign_in.issue_token(body.user)
         except InvalidUserNameError as error:
-            raise InvalidRequestError(str(error)) from None
-        return JSONResponse(
-            {
-                "access_token": token,
-                "token_type": "bearer",
-                "expires_in": 3600,
-                "user": {"id": DevelopmentSignIn.user_id(user), "email": f"{user.lower()}@localhost"},
-            }
+            raise InvalidRequestError(str(error), field="user") from None
+        user = DevelopmentUser(
+            id=DevelopmentSignIn.user_id(body.user), email=f"{body.user.lower()}@localhost"
+        )
+        return json_response(
+            DevelopmentToken(access_token=token, token_type="bearer", expires_in=3600, user=user)
         )
 
+    @operation(responses={200: PlainBody("The chat page", ("text/html",))})
     async def page(self, request: Request, context: RequestContext) -> Response:
         """The chat page."""
         return _static("index.html")
 
+    @operation(
+        responses={200: PlainBody("A script, style sheet or page", tuple(STATIC_TYPES.values()))},
+        errors=(404,),
+    )
     async def static(self, request: Request, context: RequestContext) -> Response:
         """The chat page's assets."""
         return _static(str(context.params.get("name", "")))
@@ -275,7 +323,13 @@ def build_routes(app: AssistantApp) -> list[Route]:
         Route(method="GET", path="/api/info", auth="none", handler=app.info),
         Route(method="GET", path="/openapi.json", auth="none", handler=app.openapi),
         Route(method="GET", path="/auth/v1/.well-known/jwks.json", auth="none", handler=app.jwks),
-        Route(method="POST", path="/auth/dev/token", auth="none", handler=app.development_token),
+        Route(
+            method="POST",
+            path="/auth/dev/token",
+            auth="none",
+            handler=app.development_token,
+            authorize=app.development_sign_in_reachable,
+        ),
         Route(method="GET", path="/", auth="none", handler=app.page),
         Route(method="GET", path="/static/{name}", auth="none", handler=app.static),
     ]
@@ -287,21 +341,11 @@ def _principal(context: RequestContext) -> Principal:
     return context.principal
 
 
-def _uuid(value: object, name: str) -> str:
-    try:
-        return str(uuid.UUID(str(value))) if isinstance(value, str) else _invalid(name)
-    except ValueError:
-        return _invalid(name)
-
-
-def _invalid(name: str) -> str:
-    raise InvalidRequestError(f"{name} must be a conversation id (a UUID).")
-
-
 def _title_from(messages: list[Any]) -> str | None:
     for message in reversed(messages):
         if isinstance(message, Mapping) and message.get("role") == "user":
-            for part in message.get("parts") or []:
+            parts = message.get("parts")
+            for part in parts if isinstance(parts, list) else ():
                 if (
                     isinstance(part, Mapping)
                     and part.get("type") == "text"

@@ -33,7 +33,8 @@ __all__ = [
 Rating: TypeAlias = Literal["up", "down"]
 
 _MAX_TEXT: Final = 200
-_MAX_CURSOR: Final = 2**63 - 1
+MAX_CURSOR: Final = 2**63 - 1
+MAX_COMMENT: Final = 4000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,7 +178,7 @@ def is_storable_text(value: str) -> bool:
 
 def check_cursor(value: object) -> int:
     """A non-negative bigint (event cursor, revision); `bool` is not a number here."""
-    if type(value) is not int or not 0 <= value <= _MAX_CURSOR:
+    if type(value) is not int or not 0 <= value <= MAX_CURSOR:
         raise InvalidInputError()
     return value
 

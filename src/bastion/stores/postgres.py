@@ -64,6 +64,7 @@ from bastion.stores._turns import (
     run_status,
 )
 from bastion.stores.entities import (
+    MAX_COMMENT,
     Conversation,
     Feedback,
     Rating,
@@ -96,7 +97,6 @@ _SET_IDENTITY: Final = (
     "select set_config('role', 'authenticated', true), set_config('request.jwt.claims', %s, true)"
 )
 _CONVERSATION_COLUMNS: Final = "id::text, title, tenant_id, revision, created_at, updated_at"
-_MAX_COMMENT: Final = 4000
 _RATINGS: Final = frozenset({"up", "down"})
 
 # SQLSTATEs raised on purpose by the migrations' functions, and the ones a race produces.
@@ -377,7 +377,7 @@ class PostgresStore:
         if rating not in _RATINGS:
             raise InvalidInputError()
         if comment is not None:
-            check_text(comment, max_length=_MAX_COMMENT)
+            check_text(comment, max_length=MAX_COMMENT)
         with _database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(

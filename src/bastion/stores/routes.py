@@ -8,20 +8,32 @@ refuse more, never allow more. Messages are written only by turns, never through
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, Protocol
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
+from bastion.api import InvalidRequestError, StrictModel, json_body, json_response, operation
 from bastion.auth import Principal
+from bastion.chat_request import UUID_PATTERN, UIMessage
 from bastion.errors import BastionError
-from bastion.stores.entities import Conversation, Feedback, Rating, RunEvent, StoredMessage, StoreIdentity
+from bastion.stores._turns import MAX_TITLE
+from bastion.stores.entities import (
+    MAX_COMMENT,
+    MAX_CURSOR,
+    Conversation,
+    Feedback,
+    Rating,
+    RunEvent,
+    StoredMessage,
+    StoreIdentity,
+    is_storable_text,
+)
 from bastion.stores.errors import NotFoundError
 from bastion.worker import RequestContext, Route
 
@@ -31,14 +43,8 @@ __all__ = [
     "InvalidRequestError",
     "RuleRefusedError",
     "conversation_routes",
+    "json_body",
 ]
-
-
-class InvalidRequestError(BastionError):
-    """The request body or query is not what the route takes."""
-
-    code: ClassVar[str] = "invalid_input"
-    status: ClassVar[int] = 400
 
 
 class RuleRefusedError(BastionError):
@@ -46,6 +52,117 @@ class RuleRefusedError(BastionError):
 
     code: ClassVar[str] = "forbidden"
     status: ClassVar[int] = 403
+
+
+def _storable(value: str) -> str:
+    if not is_storable_text(value):
+        raise ValueError("must not hold NUL characters or unpaired surrogates")
+    return value
+
+
+def _digits(value: object) -> object:
+    """A query number as plain ASCII digits only: no sign, space, underscore or other script's digits."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit() and len(value) <= 19):
+        raise ValueError("must be a non-negative whole number written in digits")
+    return value
+
+
+Title = Annotated[str, Field(max_length=MAX_TITLE), AfterValidator(_storable)]
+Comment = Annotated[str, Field(max_length=MAX_COMMENT), AfterValidator(_storable)]
+Uuid = Annotated[str, Field(pattern=UUID_PATTERN)]
+
+
+Limit = Annotated[int, BeforeValidator(_digits), Field(ge=1, le=100, description="How many, at most.")]
+Cursor = Annotated[
+    int,
+    BeforeValidator(_digits),
+    Field(ge=0, le=MAX_CURSOR, description="The cursor of the last event already read."),
+]
+
+
+class NewConversation(StrictModel):
+    title: Title | None = None
+
+
+class ConversationTitle(StrictModel):
+    title: Title
+
+
+class NewFeedback(StrictModel):
+    message_id: Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_storable)]
+    rating: Literal["up", "down"]
+    comment: Annotated[Comment | None, Field(description="Empty or blank means no comment.")] = None
+
+
+class _Query(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ConversationsQuery(_Query):
+    limit: Limit = 100
+
+
+class EventsQuery(_Query):
+    after: Cursor = 0
+    limit: Limit = 100
+
+
+class ConversationOut(StrictModel):
+    """A conversation."""
+
+    id: Uuid
+    title: str | None
+    revision: int
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, conversation: Conversation) -> ConversationOut:
+        return cls(
+            id=conversation.id,
+            title=conversation.title,
+            revision=conversation.revision,
+            created_at=conversation.created_at,
+            updated_at=conversation.updated_at,
+        )
+
+
+class ConversationList(StrictModel):
+    """The caller's conversations, most recent first."""
+
+    conversations: list[ConversationOut]
+
+
+class MessageList(StrictModel):
+    """The conversation's UI messages, oldest first."""
+
+    messages: list[UIMessage]
+
+
+class EventOut(StrictModel):
+    id: int
+    run_id: Uuid
+    type: str
+    data: dict[str, Any]
+    created_at: datetime
+    cursor: int
+
+
+class EventList(StrictModel):
+    """Run events after the cursor, oldest first, and the cursor to ask from next."""
+
+    events: list[EventOut]
+    next: int
+
+
+class FeedbackOut(StrictModel):
+    """The caller's rating of a message."""
+
+    conversation_id: Uuid
+    message_id: str
+    rating: Literal["up", "down"]
+    comment: str | None
+    updated_at: datetime
 
 
 class ConversationStore(Protocol):
@@ -111,111 +228,114 @@ class ConversationRules:
 def conversation_routes(
     store: ConversationStore, *, prefix: str = "/api/conversations", rules: ConversationRules | None = None
 ) -> list[Route]:
-    """The routes, each `auth="user"`, for a store and the application's rules."""
-    handlers = _ConversationHandlers(store, rules or ConversationRules())
+    """The routes, each `auth="user"`, for a store and the application's rules.
+
+    The rules run before the body is read, so a refused caller learns nothing about their input.
+    """
+    handlers = _ConversationHandlers(store)
+    rules = rules or ConversationRules()
     one = f"{prefix}/{{conversation_id}}"
+
+    def route(method: str, path: str, name: str, handler: Any) -> Route:
+        async def allowed(request: Request, context: RequestContext) -> None:
+            if context.principal is None:
+                raise RuntimeError("A user route ran without a verified principal.")
+            await rules.check(context.principal, name)
+
+        return Route(method=method, path=path, auth="user", handler=handler, authorize=allowed)
+
     return [
-        Route(method="GET", path=prefix, auth="user", handler=handlers.list_conversations),
-        Route(method="POST", path=prefix, auth="user", handler=handlers.create_conversation),
-        Route(method="GET", path=one, auth="user", handler=handlers.get_conversation),
-        Route(method="PATCH", path=one, auth="user", handler=handlers.update_conversation),
-        Route(method="DELETE", path=one, auth="user", handler=handlers.delete_conversation),
-        Route(method="GET", path=f"{one}/messages", auth="user", handler=handlers.list_messages),
-        Route(method="GET", path=f"{one}/events", auth="user", handler=handlers.list_events),
-        Route(method="POST", path=f"{one}/feedback", auth="user", handler=handlers.add_feedback),
+        route("GET", prefix, "list", handlers.list_conversations),
+        route("POST", prefix, "create", handlers.create_conversation),
+        route("GET", one, "get", handlers.get_conversation),
+        route("PATCH", one, "update", handlers.update_conversation),
+        route("DELETE", one, "delete", handlers.delete_conversation),
+        route("GET", f"{one}/messages", "messages", handlers.list_messages),
+        route("GET", f"{one}/events", "events", handlers.list_events),
+        route("POST", f"{one}/feedback", "feedback", handlers.add_feedback),
     ]
 
 
 class _ConversationHandlers:
-    def __init__(self, store: ConversationStore, rules: ConversationRules) -> None:
+    def __init__(self, store: ConversationStore) -> None:
         self._store = store
-        self._rules = rules
 
-    async def _identity(self, context: RequestContext, operation: str) -> StoreIdentity:
+    @staticmethod
+    def _identity(context: RequestContext) -> StoreIdentity:
         if context.principal is None:
             raise RuntimeError("A user route ran without a verified principal.")
-        await self._rules.check(context.principal, operation)
         return StoreIdentity.from_principal(context.principal)
 
-    async def list_conversations(self, request: Request, context: RequestContext) -> Response:
+    @operation(query=ConversationsQuery, responses={200: ConversationList}, errors=(403,))
+    async def list_conversations(
+        self, request: Request, context: RequestContext, *, query: ConversationsQuery
+    ) -> Response:
         """List the caller's conversations, most recent first."""
-        identity = await self._identity(context, "list")
-        conversations = await self._store.list_conversations(identity, limit=100)
-        return JSONResponse({"conversations": [_conversation_json(item) for item in conversations]})
+        identity = self._identity(context)
+        conversations = await self._store.list_conversations(identity, limit=query.limit)
+        return json_response(ConversationList(conversations=[ConversationOut.of(c) for c in conversations]))
 
-    async def create_conversation(self, request: Request, context: RequestContext) -> Response:
+    @operation(body=NewConversation, body_required=False, responses={201: ConversationOut}, errors=(403,))
+    async def create_conversation(
+        self, request: Request, context: RequestContext, *, body: NewConversation
+    ) -> Response:
         """Start a conversation owned by the caller."""
-        identity = await self._identity(context, "create")
-        body = await json_body(request, optional=True)
-        title = body.get("title")
-        if title is not None and not isinstance(title, str):
-            raise InvalidRequestError("title must be a string.")
-        conversation = await self._store.create_conversation(identity, title=title)
-        return JSONResponse(_conversation_json(conversation), status_code=201)
+        identity = self._identity(context)
+        conversation = await self._store.create_conversation(identity, title=body.title)
+        return json_response(ConversationOut.of(conversation), status_code=201)
 
+    @operation(responses={200: ConversationOut}, errors=(403, 404))
     async def get_conversation(self, request: Request, context: RequestContext) -> Response:
         """Read one of the caller's conversations."""
-        identity = await self._identity(context, "get")
+        identity = self._identity(context)
         conversation = await self._store.get_conversation(identity, _conversation_id(context))
-        return JSONResponse(_conversation_json(conversation))
+        return json_response(ConversationOut.of(conversation))
 
-    async def update_conversation(self, request: Request, context: RequestContext) -> Response:
+    @operation(body=ConversationTitle, responses={200: ConversationOut}, errors=(403, 404))
+    async def update_conversation(
+        self, request: Request, context: RequestContext, *, body: ConversationTitle
+    ) -> Response:
         """Rename one of the caller's conversations."""
-        identity = await self._identity(context, "update")
-        body = await json_body(request)
-        title = body.get("title")
-        if not isinstance(title, str):
-            raise InvalidRequestError("title must be a string.")
-        conversation = await self._store.update_conversation(identity, _conversation_id(context), title=title)
-        return JSONResponse(_conversation_json(conversation))
+        identity = self._identity(context)
+        conversation = await self._store.update_conversation(
+            identity, _conversation_id(context), title=body.title
+        )
+        return json_response(ConversationOut.of(conversation))
 
+    @operation(responses={204: None}, errors=(403, 404))
     async def delete_conversation(self, request: Request, context: RequestContext) -> Response:
         """Delete one of the caller's conversations and everything in it."""
-        identity = await self._identity(context, "delete")
+        identity = self._identity(context)
         await self._store.delete_conversation(identity, _conversation_id(context))
         return Response(status_code=204)
 
+    @operation(responses={200: MessageList}, errors=(403, 404))
     async def list_messages(self, request: Request, context: RequestContext) -> Response:
         """The conversation's UI messages, as the client assembled them."""
-        identity = await self._identity(context, "messages")
+        identity = self._identity(context)
         stored = await self._store.list_messages(identity, _conversation_id(context))
-        return JSONResponse({"messages": [message.message for message in stored]})
+        return json_response(MessageList(messages=[_ui_message(message) for message in stored]))
 
-    async def list_events(self, request: Request, context: RequestContext) -> Response:
+    @operation(query=EventsQuery, responses={200: EventList}, errors=(403, 404))
+    async def list_events(self, request: Request, context: RequestContext, *, query: EventsQuery) -> Response:
         """The conversation's run events after a cursor (`?after=`), oldest first."""
-        identity = await self._identity(context, "events")
-        after = _cursor(request.query_params.get("after", "0"))
-        events = await self._store.list_events(identity, _conversation_id(context), after=after, limit=100)
-        items = [{**_record(event), "cursor": event.id} for event in events]
-        return JSONResponse({"events": items, "next": items[-1]["cursor"] if items else after})
-
-    async def add_feedback(self, request: Request, context: RequestContext) -> Response:
-        """Rate a message of the conversation `up` or `down`, with an optional comment."""
-        identity = await self._identity(context, "feedback")
-        body = await json_body(request)
-        message_id, rating, comment = body.get("message_id"), body.get("rating"), body.get("comment")
-        if not isinstance(message_id, str) or rating not in ("up", "down"):
-            raise InvalidRequestError("Send a message_id and a rating of 'up' or 'down'.")
-        if comment is not None and not isinstance(comment, str):
-            raise InvalidRequestError("comment must be a string.")
-        feedback = await self._store.add_feedback(
-            identity, _conversation_id(context), message_id, rating=rating, comment=comment
+        identity = self._identity(context)
+        events = await self._store.list_events(
+            identity, _conversation_id(context), after=query.after, limit=query.limit
         )
-        return JSONResponse(_record(feedback), status_code=201)
+        items = [_event(event) for event in events]
+        return json_response(EventList(events=items, next=items[-1].cursor if items else query.after))
 
-
-async def json_body(request: Request, *, optional: bool = False) -> dict[str, Any]:
-    """The request's JSON object, or `InvalidRequestError`."""
-    raw = await request.body()
-    if not raw and optional:
-        return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
-        raise InvalidRequestError("The body must be a JSON object.") from None
-    if not isinstance(body, dict):
-        raise InvalidRequestError("The body must be a JSON object.")
-    return body
+    @operation(body=NewFeedback, responses={201: FeedbackOut}, errors=(403, 404))
+    async def add_feedback(self, request: Request, context: RequestContext, *, body: NewFeedback) -> Response:
+        """Rate a message of the conversation `up` or `down`, with an optional comment."""
+        identity = self._identity(context)
+        comment = body.comment if body.comment is not None and body.comment.strip() else None
+        rating: Rating = body.rating
+        feedback = await self._store.add_feedback(
+            identity, _conversation_id(context), body.message_id, rating=rating, comment=comment
+        )
+        return json_response(_feedback(feedback), status_code=201)
 
 
 def _conversation_id(context: RequestContext) -> str:
@@ -226,21 +346,27 @@ def _conversation_id(context: RequestContext) -> str:
         raise NotFoundError() from None
 
 
-def _cursor(value: str) -> int:
-    if not (value.isascii() and value.isdigit()) or len(value) > 18:
-        raise InvalidRequestError("after must be a non-negative event cursor.")
-    return int(value)
+def _ui_message(message: StoredMessage) -> UIMessage:
+    stored: UIMessage = message.message  # type: ignore[assignment]
+    return stored
 
 
-def _record(value: Any) -> dict[str, Any]:
-    """A store record as JSON-ready values."""
-    return {item.name: _plain(getattr(value, item.name)) for item in dataclasses.fields(value)}
+def _event(event: RunEvent) -> EventOut:
+    return EventOut(
+        id=event.id,
+        run_id=event.run_id,
+        type=event.type,
+        data=event.data,
+        created_at=event.created_at,
+        cursor=event.id,
+    )
 
 
-def _plain(value: Any) -> Any:
-    return value.isoformat() if isinstance(value, datetime) else value
-
-
-def _conversation_json(conversation: Conversation) -> dict[str, Any]:
-    plain = _record(conversation)
-    return {key: plain[key] for key in ("id", "title", "revision", "created_at", "updated_at")}
+def _feedback(feedback: Feedback) -> FeedbackOut:
+    return FeedbackOut(
+        conversation_id=feedback.conversation_id,
+        message_id=feedback.message_id,
+        rating=feedback.rating,
+        comment=feedback.comment,
+        updated_at=feedback.updated_at,
+    )

@@ -59,6 +59,7 @@ from bastion.stores._turns import (
     run_status,
 )
 from bastion.stores.entities import (
+    MAX_COMMENT,
     Conversation,
     Feedback,
     Rating,
@@ -89,7 +90,6 @@ T = TypeVar("T")
 Work = Callable[[sqlite3.Connection], T]
 
 _MIGRATION_FILE: Final = "sqlite_migrations"
-_MAX_COMMENT: Final = 4000
 _RATINGS: Final = frozenset({"up", "down"})
 _FINISH_STATUSES: Final = frozenset({"completed", "failed", "cancelled", "waiting_for_approval"})
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -384,7 +384,7 @@ class SqliteStore:
         if rating not in _RATINGS:
             raise InvalidInputError()
         if comment is not None:
-            check_text(comment, max_length=_MAX_COMMENT)
+            check_text(comment, max_length=MAX_COMMENT)
         params = _scope(identity, conversation) | {
             "message": message_id,
             "rating": rating,
