@@ -388,6 +388,53 @@ async def test_an_async_execution_check_is_awaited() -> None:
     assert recorder.executed == [{"q": "y", "user": "alice"}]
 
 
+async def test_a_permission_revoked_while_the_tool_ran_withholds_the_result_from_the_model() -> None:
+    granted = {"lookup": True}
+
+    async def revoking(q: str) -> dict[str, str]:
+        granted["lookup"] = False
+        return {"q": q, "internal": "full-detail"}
+
+    agent = define_agent(
+        name="a",
+        instructions="",
+        tools=lambda ctx: [tool(name="lookup")(revoking)],
+        permissions={
+            "lookup": ToolPolicy(
+                can_execute=lambda ctx, call: granted["lookup"], denied_output={"error": "revoked"}
+            )
+        },
+    )
+    model = ScriptedModel([Call("lookup", {"q": "x"})], ["ok"])
+    _, _, chunks = await run_turn(agent, model, [user("hi")])
+    [output] = [chunk["output"] for chunk in chunks if chunk["type"] == "tool-output-available"]
+    assert output == {"q": "x", "internal": "full-detail"}
+    [returned] = tool_returns(model, 1)
+    assert (returned.content, returned.outcome) == ({"error": "revoked"}, "denied")
+    assert "full-detail" not in everything_the_model_saw(model)
+
+
+async def test_a_permission_still_held_after_the_tool_ran_gives_the_model_the_result() -> None:
+    checks: list[str] = []
+
+    def can_execute(ctx: Ctx, call: ToolCall) -> bool:
+        checks.append(call.tool_call_id)
+        return True
+
+    recorder = Recorder()
+    agent = define_agent(
+        name="a",
+        instructions="",
+        tools=recorder.factory(),
+        permissions={"lookup": ToolPolicy(can_execute=can_execute)},
+    )
+    model = ScriptedModel([Call("lookup", {"q": "x"}, "c1")], ["ok"])
+    await run_turn(agent, model, [user("hi")])
+    assert checks == ["c1", "c1"]
+    [returned] = tool_returns(model, 1)
+    assert (returned.content["internal"], returned.outcome) == ("full-detail", "success")
+
+
 async def test_the_model_sees_the_projection_and_the_ui_the_full_result() -> None:
     recorder = Recorder()
     agent = define_agent(

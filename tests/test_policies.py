@@ -526,6 +526,50 @@ def test_guarding_twice_applies_both_projections_outer_first() -> None:
     assert outer.model_view([], call_for()) == ["outer", "inner"]
 
 
+# recheck_before_model
+
+
+def test_a_policy_without_can_execute_adds_no_recheck() -> None:
+    assert guarded(ToolPolicy(model_output=hide_iban)).recheck_before_model is None
+
+
+async def test_the_recheck_gives_the_policys_denied_output_once_execution_is_refused() -> None:
+    allowed = [True]
+    item = guarded(ToolPolicy(can_execute=lambda context, call: allowed[0], denied_output=DENIED))
+    assert item.recheck_before_model is not None
+
+    assert await item.recheck_before_model(call_for()) is None
+    allowed[0] = False
+    denial = await item.recheck_before_model(call_for())
+
+    assert denial == ToolDenial(DENIED)
+    assert denial is not None and denial.output is not DENIED
+
+
+@pytest.mark.parametrize(
+    ("inner_allows", "outer_allows", "denied"),
+    [(False, True, {"error": "inner"}), (True, False, {"error": "outer"}), (True, True, None)],
+    ids=["inner-refuses", "outer-refuses", "both-allow"],
+)
+async def test_guarding_twice_rechecks_both_policies(
+    inner_allows: bool, outer_allows: bool, denied: Any
+) -> None:
+    inner = guarded(
+        ToolPolicy(can_execute=lambda context, call: inner_allows, denied_output={"error": "inner"})
+    )
+    outer = guard_tool(inner, ToolPolicy(model_output=hide_iban), CONTEXT)
+    outermost = guard_tool(
+        outer,
+        ToolPolicy(can_execute=lambda context, call: outer_allows, denied_output={"error": "outer"}),
+        CONTEXT,
+    )
+    assert outer.recheck_before_model is not None and outermost.recheck_before_model is not None
+
+    denial = await outermost.recheck_before_model(call_for())
+
+    assert (denial.output if denial is not None else None) == denied
+
+
 # model_error
 
 

@@ -405,15 +405,19 @@ class AgentStreamResult:
             return chunk, ToolReturnPart(
                 tool_name=call.tool_name, content=ui_output, tool_call_id=call.tool_call_id, outcome="denied"
             )
+        withheld = None if item.recheck_before_model is None else await item.recheck_before_model(call)
         try:
-            model_view = item.model_view(output, call)
+            model_view = item.model_view(output, call) if withheld is None else withheld.output
             ui_output = to_jsonable_python(output)
         except Exception:
             logger.exception("Converting the result of %s failed.", call.tool_name)
             return self._error(item, call, GENERIC_TOOL_ERROR)
         chunk = {"type": "tool-output-available", "toolCallId": call.tool_call_id, "output": ui_output}
         return chunk, ToolReturnPart(
-            tool_name=call.tool_name, content=model_view, tool_call_id=call.tool_call_id
+            tool_name=call.tool_name,
+            content=model_view,
+            tool_call_id=call.tool_call_id,
+            outcome="success" if withheld is None else "denied",
         )
 
     def _error(self, item: Tool, call: ToolCall, error_text: str) -> tuple[Chunk, ModelRequestPart]:

@@ -44,7 +44,9 @@ class ToolPolicy(Generic[ContextT]):
     """What one tool may do for the current context. Every field is optional.
 
     - `visible(context)`: whether the model is offered the tool at all (synchronous).
-    - `can_execute(context, call)`: checked before every execution, again after an approval.
+    - `can_execute(context, call)`: checked before every execution (again after an approval), and once
+      more when the tool has returned: if it now refuses, the model is told `denied_output` instead of
+      the result (the UI still gets the result, as for stored history).
     - `needs_approval`: True, or a predicate; it can add a requirement but never remove the tool's own.
     - `model_output(output, context, call)`: the projection of a result the model may see; the full
       result stays for the authorized UI.
@@ -187,6 +189,7 @@ def guard_tool(item: Tool, policy: ToolPolicy[ContextT], context: ContextT) -> T
     own_approval = item.needs_approval
     own_projection = item.model_projection
     own_error_format = item.error_format
+    own_recheck = item.recheck_before_model
 
     async def needs_approval(call: ToolCall) -> bool:
         if await tool_requires_approval(replace(item, needs_approval=own_approval), call):
@@ -199,6 +202,12 @@ def guard_tool(item: Tool, policy: ToolPolicy[ContextT], context: ContextT) -> T
         if original_execute is None:
             raise RuntimeError(f"Tool {item.name!r} has no executor.")
         return await run_executor(original_execute, call)
+
+    async def recheck_before_model(call: ToolCall) -> ToolDenial | None:
+        """Permission revoked while the tool ran: the model is not told the result."""
+        if not await is_execution_allowed(policy, context, call):
+            return ToolDenial(copy.deepcopy(policy.denied_output))
+        return None if own_recheck is None else await own_recheck(call)
 
     def model_projection(output: Any, call: ToolCall) -> Any:
         projected = project_output(policy, output, context, call)
@@ -218,6 +227,9 @@ def guard_tool(item: Tool, policy: ToolPolicy[ContextT], context: ContextT) -> T
         else False,
         model_projection=model_projection,
         error_format=error_format,
+        recheck_before_model=recheck_before_model
+        if policy.can_execute is not None or own_recheck is not None
+        else None,
     )
 
 

@@ -78,8 +78,9 @@ class Tool:
 
     `execute` is None for tools that the provider runs (`native`) or that the client answers. `dynamic`
     marks tools whose set is only known at run time (MCP); the UI stream names them `dynamic-tool`.
-    `to_model_output` converts a result for the model; `model_projection` and `error_format` are set by
-    permission policies (`with_tool_policy`) and run before it.
+    `to_model_output` converts a result for the model; `model_projection`, `error_format` and
+    `recheck_before_model` are set by permission policies (`with_tool_policy`): the last runs once the
+    executor has returned, and a denial it gives replaces what the model is told about the result.
     """
 
     name: str
@@ -94,6 +95,7 @@ class Tool:
     strict: bool | None = None
     model_projection: Callable[[Any, ToolCall], Any] | None = None
     error_format: Callable[[str, ToolCall], str] | None = None
+    recheck_before_model: Callable[[ToolCall], Awaitable[ToolDenial | None]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _TOOL_NAME.fullmatch(self.name):
