@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import math
 from collections.abc import AsyncIterator
@@ -721,6 +722,83 @@ async def test_cancellation_during_tool_discovery_cancels_the_factory_and_raises
     with pytest.raises(AgentCancelledError):
         await agent.prepare(context=Ctx("u1"), cancel=cancel)
     assert factory_cancelled.is_set()
+
+
+async def test_a_cancellation_in_the_step_the_factory_finishes_fails_prepare_and_closes_its_tools() -> None:
+    recorder = Recorder()
+    cancel = asyncio.Event()
+    build = recorder.factory()
+
+    def factory(ctx: Ctx) -> AgentTools:
+        cancel.set()
+        return build(ctx)
+
+    agent = define_agent(name="a", instructions="", tools=factory)
+    with pytest.raises(AgentCancelledError):
+        await agent.prepare(context=Ctx("u1"), cancel=cancel)
+    assert recorder.closed == 1
+
+
+async def test_a_factory_that_finishes_despite_the_cancellation_has_its_tools_closed() -> None:
+    recorder = Recorder()
+    cancel = asyncio.Event()
+    build = recorder.factory()
+
+    async def stubborn(ctx: Ctx) -> AgentTools:
+        cancel.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(60)
+        return build(ctx)
+
+    agent = define_agent(name="a", instructions="", tools=stubborn)
+    with pytest.raises(AgentCancelledError):
+        await agent.prepare(context=Ctx("u1"), cancel=cancel)
+    assert recorder.closed == 1
+
+
+async def test_prepare_cancelled_from_outside_closes_what_the_factory_returned() -> None:
+    recorder = Recorder()
+    entered = asyncio.Event()
+    build = recorder.factory()
+
+    async def stubborn(ctx: Ctx) -> AgentTools:
+        entered.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(60)
+        return build(ctx)
+
+    agent = define_agent(name="a", instructions="", tools=stubborn)
+    task = asyncio.ensure_future(agent.prepare(context=Ctx("u1"), cancel=asyncio.Event()))
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert recorder.closed == 1
+
+
+async def test_cancelling_a_prepared_session_that_has_not_streamed_closes_its_resources() -> None:
+    closed = asyncio.Event()
+    recorder = Recorder()
+    cancel = asyncio.Event()
+
+    async def close() -> None:
+        await recorder.close()
+        closed.set()
+
+    def factory(ctx: Ctx) -> AgentTools:
+        return AgentTools(tools=recorder.factory()(ctx).tools, close=close)
+
+    session = await define_agent(name="a", instructions="", tools=factory).prepare(
+        context=Ctx("u1"), cancel=cancel
+    )
+    cancel.set()
+    await asyncio.wait_for(closed.wait(), timeout=30)
+    assert recorder.closed == 1
+    result = await session.stream(model=ScriptedModel(["never"]), messages=[user("hi")])
+    assert await collect(result) == []
+    assert result.cancelled
+    await session.close()
+    assert recorder.closed == 1
 
 
 async def test_a_turn_cancelled_before_it_is_prepared_never_builds_tools() -> None:
