@@ -238,11 +238,13 @@ def sanitize_tool_output(
     *,
     context: ContextT,
     policies: Mapping[str, ToolPolicy[ContextT]],
-    redact_unknown: bool = True,
+    unknown_output: Any = REDACTED_OUTPUT,
 ) -> dict[str, Any]:
-    """A stored tool part with its output projected for sharing; unknown or hidden tools are redacted.
+    """A stored tool part with its output projected for sharing.
 
-    Synchronous: it applies visibility and the output projection, not execution checks.
+    Synchronous: it applies visibility and the output projection, not execution checks. A hidden tool
+    gives its policy's `denied_output`; a tool missing from the map gives `unknown_output` (the
+    redaction unless given; None is kept as a null output).
     """
     sanitized = dict(part)
     if part.get("state") != "output-available":
@@ -250,11 +252,10 @@ def sanitize_tool_output(
     name = tool_part_name(part)
     policy = policies.get(name) if name is not None else None
     if name is None or policy is None:
-        if redact_unknown:
-            sanitized["output"] = dict(REDACTED_OUTPUT)
+        sanitized["output"] = copy.deepcopy(unknown_output)
         return sanitized
     if not is_visible(policy, context):
-        sanitized["output"] = dict(REDACTED_OUTPUT)
+        sanitized["output"] = copy.deepcopy(policy.denied_output)
         return sanitized
     sanitized["output"] = _unwrap(
         project_output(policy, part.get("output"), context, _stored_call(part, name))
@@ -267,12 +268,14 @@ async def sanitize_tool_output_for_model(
     *,
     context: ContextT,
     policies: Mapping[str, ToolPolicy[ContextT]],
+    unknown_output: Any = REDACTED_OUTPUT,
 ) -> dict[str, Any]:
     """A stored result as the model may see it now: current visibility and execution checks run again.
 
-    A tool that is hidden, refused, or no longer listed becomes a denial.
+    A tool that is hidden or refused becomes its policy's denial; one missing from the map gives
+    `unknown_output` (the redaction unless given; None is kept as a null output).
     """
-    sanitized, allowed = await _checked_again(part, context, policies)
+    sanitized, allowed = await _checked_again(part, context, policies, unknown_output)
     if allowed is not None and part.get("state") == "output-available":
         policy, call = allowed
         sanitized["output"] = _unwrap(project_output(policy, part.get("output"), context, call))
@@ -284,9 +287,13 @@ async def sanitize_tool_error_for_model(
     *,
     context: ContextT,
     policies: Mapping[str, ToolPolicy[ContextT]],
+    unknown_output: Any = REDACTED_OUTPUT,
 ) -> dict[str, Any]:
-    """A stored tool error as the model may see it now, with the current error formatter applied."""
-    sanitized, allowed = await _checked_again(part, context, policies)
+    """A stored tool error as the model may see it now, with the current error formatter applied.
+
+    Denied and missing tools are handled as by `sanitize_tool_output_for_model`.
+    """
+    sanitized, allowed = await _checked_again(part, context, policies, unknown_output)
     if allowed is not None and part.get("state") == "output-error":
         policy, call = allowed
         sanitized["errorText"] = format_error(policy, str(part.get("errorText", "")), context, call)
@@ -294,14 +301,17 @@ async def sanitize_tool_error_for_model(
 
 
 async def _checked_again(
-    part: Mapping[str, Any], context: ContextT, policies: Mapping[str, ToolPolicy[ContextT]]
+    part: Mapping[str, Any],
+    context: ContextT,
+    policies: Mapping[str, ToolPolicy[ContextT]],
+    unknown_output: Any,
 ) -> tuple[dict[str, Any], tuple[ToolPolicy[ContextT], ToolCall] | None]:
     """A copy of the part, and its policy and call if today's checks still allow it (else a denial)."""
     name = tool_part_name(part)
     policy = policies.get(name) if name is not None else None
     sanitized = dict(part)
     if name is None or policy is None:
-        return _as_denied(sanitized, DEFAULT_DENIED_OUTPUT), None
+        return _as_denied(sanitized, unknown_output), None
     call = _stored_call(part, name)
     if not is_visible(policy, context) or not await is_execution_allowed(policy, context, call):
         return _as_denied(sanitized, policy.denied_output), None
