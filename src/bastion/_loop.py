@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -338,7 +338,9 @@ class AgentStreamResult:
             call_id = str(part["toolCallId"])
             awaiting = history.awaiting.get(call_id)
             name = awaiting.tool_name if awaiting is not None else str(part.get("toolName", ""))
-            approval = part.get("approval") or {}
+            approval = part.get("approval")
+            if not isinstance(approval, Mapping):
+                approval = {}  # not an answer the loop can read: a denial, never a failed turn
             item = self._plan.tools.get(name)
             if approval.get("approved") is not True:
                 yield {"type": "tool-output-denied", "toolCallId": call_id}
