@@ -83,6 +83,7 @@ class Behavior:
     token_status: int = 401
     reject_calls_with: int | None = None
     slow_discovery: bool = False
+    hold_deletes: bool = False
 
 
 @dataclass
@@ -165,8 +166,17 @@ def build_mcp_server(release_slow: threading.Event, *, slow_discovery: bool = Fa
 class _ScenarioLayer:
     """ASGI layer in front of the MCP app: records requests and plays the scenario's behavior."""
 
-    def __init__(self, app: ASGIApp, *, behavior: Behavior, log: ServerLog, transport: TransportKind) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        behavior: Behavior,
+        log: ServerLog,
+        transport: TransportKind,
+        release: threading.Event,
+    ) -> None:
         self.app = app
+        self.release = release
         self.behavior = behavior
         self.log = log
         self.transport = transport
@@ -199,6 +209,10 @@ class _ScenarioLayer:
         if tokens is not None and headers.get("authorization") not in {f"Bearer {t}" for t in tokens}:
             await _reject(send, self.behavior.token_status, rpc)
             return
+        if self.behavior.hold_deletes and scope["method"] == "DELETE":
+            # A server that does not let go of the session until the test releases it.
+            while not self.release.is_set():
+                await asyncio.sleep(0.01)
         if self.behavior.reject_calls_with is not None and rpc.get("method") == "tools/call":
             await _reject(send, self.behavior.reject_calls_with, rpc)
             return
@@ -314,7 +328,7 @@ def serve_mcp(transport: TransportKind, behavior: Behavior | None = None) -> Ite
     else:
         app = server.sse_app(sse_path=f"/{SECRET_PATH}/sse", message_path=f"/{SECRET_PATH}/messages/")
         path = f"/{SECRET_PATH}/sse"
-    layer = _ScenarioLayer(app, behavior=behavior, log=log, transport=transport)
+    layer = _ScenarioLayer(app, behavior=behavior, log=log, transport=transport, release=release_slow)
     with live_server(layer) as base:
         running = RunningServer(
             transport=transport, url=base + path, log=log, mcp=server, release_slow=release_slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import math
 from collections.abc import AsyncIterator
@@ -389,6 +390,117 @@ async def test_an_async_execution_check_is_awaited() -> None:
     assert recorder.executed == [{"q": "y", "user": "alice"}]
 
 
+async def test_a_permission_revoked_while_the_tool_ran_withholds_the_result_from_the_model() -> None:
+    granted = {"lookup": True}
+
+    async def revoking(q: str) -> dict[str, str]:
+        granted["lookup"] = False
+        return {"q": q, "internal": "full-detail"}
+
+    agent = define_agent(
+        name="a",
+        instructions="",
+        tools=lambda ctx: [tool(name="lookup")(revoking)],
+        permissions={
+            "lookup": ToolPolicy(
+                can_execute=lambda ctx, call: granted["lookup"], denied_output={"error": "revoked"}
+            )
+        },
+    )
+    model = ScriptedModel([Call("lookup", {"q": "x"})], ["ok"])
+    _, _, chunks = await run_turn(agent, model, [user("hi")])
+    [output] = [chunk["output"] for chunk in chunks if chunk["type"] == "tool-output-available"]
+    assert output == {"q": "x", "internal": "full-detail"}
+    [returned] = tool_returns(model, 1)
+    assert (returned.content, returned.outcome) == ({"error": "revoked"}, "denied")
+    assert "full-detail" not in everything_the_model_saw(model)
+
+
+async def test_a_permission_still_held_after_the_tool_ran_gives_the_model_the_result() -> None:
+    checks: list[str] = []
+
+    def can_execute(ctx: Ctx, call: ToolCall) -> bool:
+        checks.append(call.tool_call_id)
+        return True
+
+    recorder = Recorder()
+    agent = define_agent(
+        name="a",
+        instructions="",
+        tools=recorder.factory(),
+        permissions={"lookup": ToolPolicy(can_execute=can_execute)},
+    )
+    model = ScriptedModel([Call("lookup", {"q": "x"}, "c1")], ["ok"])
+    await run_turn(agent, model, [user("hi")])
+    assert checks == ["c1", "c1"]
+    [returned] = tool_returns(model, 1)
+    assert (returned.content["internal"], returned.outcome) == ("full-detail", "success")
+
+
+class Unserializable:
+    def __repr__(self) -> str:
+        return "Unserializable(password=hunter2)"
+
+
+def converter_failing(output: Any) -> Any:
+    raise ValueError("conversion failed: password=hunter2")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"execute": lambda call: {"rows": 1}, "to_model_output": converter_failing},
+        {"execute": lambda call: Unserializable()},
+    ],
+    ids=["converter-raises", "output-not-json"],
+)
+async def test_a_failed_output_conversion_is_a_generic_tool_error_that_reveals_nothing(
+    fields: dict[str, Any],
+) -> None:
+    agent = define_agent(name="a", instructions="", tools=lambda ctx: [Tool(name="rows", **fields)])
+    model = ScriptedModel([Call("rows", {}, "c1")], ["It failed."])
+    _, result, chunks = await run_turn(agent, model, [user("hi")])
+    [error] = [chunk for chunk in chunks if chunk["type"] == "tool-output-error"]
+    assert error == {"type": "tool-output-error", "toolCallId": "c1", "errorText": "Tool execution failed."}
+    assert "tool-output-available" not in types(chunks)
+    assert "hunter2" not in repr(chunks)
+    assert "hunter2" not in everything_the_model_saw(model)
+    [returned] = tool_returns(model, 1)
+    assert (returned.content, returned.outcome) == ("Tool execution failed.", "failed")
+    assert result.finish_reason == "stop"
+
+
+async def test_a_failed_conversion_of_a_stored_result_reveals_nothing_to_the_model() -> None:
+    agent = define_agent(
+        name="a",
+        instructions="",
+        tools=lambda ctx: [Tool(name="rows", execute=lambda call: 1, to_model_output=converter_failing)],
+    )
+    model = ScriptedModel(["ok"])
+    history = [
+        user("hi"),
+        {
+            "id": "a1",
+            "role": "assistant",
+            "parts": [
+                {
+                    "type": "tool-rows",
+                    "toolCallId": "c1",
+                    "state": "output-available",
+                    "input": {},
+                    "output": {"rows": 1},
+                },
+                {"type": "text", "text": "Done."},
+            ],
+        },
+        user("again", "u2"),
+    ]
+    await run_turn(agent, model, history)
+    [returned] = tool_returns(model, 0)
+    assert returned.content == "Tool execution failed."
+    assert "hunter2" not in everything_the_model_saw(model)
+
+
 async def test_the_model_sees_the_projection_and_the_ui_the_full_result() -> None:
     recorder = Recorder()
     agent = define_agent(
@@ -430,7 +542,7 @@ async def test_an_approval_request_pauses_and_ends_the_turn() -> None:
     assert result.finish_reason == "tool-calls"
 
 
-def paused_history(approved: bool, reason: str | None = None) -> list[dict[str, Any]]:
+def paused_history(approved: Any, reason: str | None = None) -> list[dict[str, Any]]:
     approval: dict[str, Any] = {"id": "ap1", "approved": approved}
     if reason is not None:
         approval["reason"] = reason
@@ -474,6 +586,32 @@ async def test_a_denied_call_never_runs_and_the_model_gets_the_reason() -> None:
     [returned] = tool_returns(model, 0)
     assert returned.outcome == "denied"
     assert "Not today" in str(returned.content)
+
+
+@pytest.mark.parametrize("approved", [1, "true", "yes", [True], {"value": True}, None, 1.0])
+async def test_an_approval_answer_that_is_not_the_boolean_true_is_a_denial(approved: Any) -> None:
+    recorder = Recorder()
+    model = ScriptedModel(["Understood."])
+    _, result, chunks = await run_turn(approval_agent(recorder), model, paused_history(approved))
+    assert chunks[0] == {"type": "tool-output-denied", "toolCallId": "c1"}
+    assert recorder.executed == []
+    [returned] = tool_returns(model, 0)
+    assert (returned.content, returned.outcome) == ("The user denied this tool call.", "denied")
+    assert result.finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    "approval", ["approved", ["approved", True], True, 1], ids=["text", "list", "true", "one"]
+)
+async def test_an_approval_that_is_not_an_object_is_a_denial_not_a_failed_turn(approval: Any) -> None:
+    recorder = Recorder()
+    history = paused_history(approved=True)
+    history[1]["parts"][1]["approval"] = approval
+    model = ScriptedModel(["Understood."])
+    _, _, chunks = await run_turn(approval_agent(recorder), model, history)
+    assert chunks[0] == {"type": "tool-output-denied", "toolCallId": "c1"}
+    assert recorder.executed == []
+    assert tool_returns(model, 0)[0].outcome == "denied"
 
 
 async def test_answered_calls_run_but_the_model_waits_while_another_approval_is_open() -> None:
@@ -730,6 +868,83 @@ async def test_cancellation_during_tool_discovery_cancels_the_factory_and_raises
     with pytest.raises(AgentCancelledError):
         await agent.prepare(context=Ctx("u1"), cancel=cancel)
     assert factory_cancelled.is_set()
+
+
+async def test_a_cancellation_in_the_step_the_factory_finishes_fails_prepare_and_closes_its_tools() -> None:
+    recorder = Recorder()
+    cancel = asyncio.Event()
+    build = recorder.factory()
+
+    def factory(ctx: Ctx) -> AgentTools:
+        cancel.set()
+        return build(ctx)
+
+    agent = define_agent(name="a", instructions="", tools=factory)
+    with pytest.raises(AgentCancelledError):
+        await agent.prepare(context=Ctx("u1"), cancel=cancel)
+    assert recorder.closed == 1
+
+
+async def test_a_factory_that_finishes_despite_the_cancellation_has_its_tools_closed() -> None:
+    recorder = Recorder()
+    cancel = asyncio.Event()
+    build = recorder.factory()
+
+    async def stubborn(ctx: Ctx) -> AgentTools:
+        cancel.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(60)
+        return build(ctx)
+
+    agent = define_agent(name="a", instructions="", tools=stubborn)
+    with pytest.raises(AgentCancelledError):
+        await agent.prepare(context=Ctx("u1"), cancel=cancel)
+    assert recorder.closed == 1
+
+
+async def test_prepare_cancelled_from_outside_closes_what_the_factory_returned() -> None:
+    recorder = Recorder()
+    entered = asyncio.Event()
+    build = recorder.factory()
+
+    async def stubborn(ctx: Ctx) -> AgentTools:
+        entered.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(60)
+        return build(ctx)
+
+    agent = define_agent(name="a", instructions="", tools=stubborn)
+    task = asyncio.ensure_future(agent.prepare(context=Ctx("u1"), cancel=asyncio.Event()))
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert recorder.closed == 1
+
+
+async def test_cancelling_a_prepared_session_that_has_not_streamed_closes_its_resources() -> None:
+    closed = asyncio.Event()
+    recorder = Recorder()
+    cancel = asyncio.Event()
+
+    async def close() -> None:
+        await recorder.close()
+        closed.set()
+
+    def factory(ctx: Ctx) -> AgentTools:
+        return AgentTools(tools=recorder.factory()(ctx).tools, close=close)
+
+    session = await define_agent(name="a", instructions="", tools=factory).prepare(
+        context=Ctx("u1"), cancel=cancel
+    )
+    cancel.set()
+    await asyncio.wait_for(closed.wait(), timeout=30)
+    assert recorder.closed == 1
+    result = await session.stream(model=ScriptedModel(["never"]), messages=[user("hi")])
+    assert await collect(result) == []
+    assert result.cancelled
+    await session.close()
+    assert recorder.closed == 1
 
 
 async def test_a_turn_cancelled_before_it_is_prepared_never_builds_tools() -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
 
 from bastion.auth import (
     AuthenticationError,
@@ -178,6 +181,17 @@ def with_claims(token: str, new_claims: dict[str, Any]) -> str:
     return f"{header}.{segment(new_claims)}.{signature}"
 
 
+def with_signature(token: str, change: Callable[[bytes], bytes]) -> str:
+    header, payload, signature = token.split(".")
+    raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
+    return f"{header}.{payload}.{segment(change(raw))}"
+
+
+def der_signature(raw: bytes) -> bytes:
+    """The same ES256 signature as ASN.1 DER, which JWS does not allow (RFC 7518 §3.4)."""
+    return encode_dss_signature(int.from_bytes(raw[:32], "big"), int.from_bytes(raw[32:], "big"))
+
+
 HOSTILE: dict[str, tuple[Mint, str]] = {
     "alg none with kid": (
         lambda k, e: f"{segment({'alg': 'none', 'kid': EC_KID})}.{segment(claims(e))}.",
@@ -243,6 +257,20 @@ HOSTILE: dict[str, tuple[Mint, str]] = {
     "missing exp": (lambda k, e: es256(k, claims(e, exp=DROP)), "invalid_claims"),
     "string exp": (lambda k, e: es256(k, claims(e, exp=str(int(NOW) + 60))), "invalid_claims"),
     "huge exp": (lambda k, e: es256(k, claims(e, exp=10**400)), "invalid_claims"),
+    "boolean exp": (lambda k, e: es256(k, claims(e, exp=True)), "invalid_claims"),
+    "boolean nbf": (lambda k, e: es256(k, claims(e, nbf=True)), "invalid_claims"),
+    "boolean iat": (lambda k, e: es256(k, claims(e, iat=False)), "invalid_claims"),
+    "infinite exp": (lambda k, e: es256(k, claims(e, exp=math.inf)), "invalid_claims"),
+    "NaN exp": (lambda k, e: es256(k, claims(e, exp=math.nan)), "invalid_claims"),
+    "null nbf": (lambda k, e: es256(k, claims(e, nbf=None)), "invalid_claims"),
+    "ES256 signature with a zero byte slipped in before s": (
+        lambda k, e: with_signature(es256(k, claims(e)), lambda raw: raw[:32] + b"\x00" + raw[32:]),
+        "invalid_signature",
+    ),
+    "ES256 signature DER-encoded": (
+        lambda k, e: with_signature(es256(k, claims(e)), der_signature),
+        "invalid_signature",
+    ),
     "nbf in the future": (lambda k, e: es256(k, claims(e, nbf=int(NOW) + 600)), "invalid_claims"),
     "iat in the future": (lambda k, e: es256(k, claims(e, iat=int(NOW) + 600)), "invalid_claims"),
     "truncated": (lambda k, e: es256(k, claims(e))[:-20], "invalid_signature"),
@@ -275,6 +303,77 @@ async def test_hostile_token_is_refused_with_its_code(
 
     assert error.code == code
     assert token not in str(error) and token not in error.message
+
+
+def signed(header: dict[str, Any], payload: dict[str, Any], sign: Callable[[bytes], bytes]) -> str:
+    """A compact JWS over any header, signed by `sign`: for tokens PyJWT refuses to make."""
+    signing_input = f"{segment(header)}.{segment(payload)}"
+    return f"{signing_input}.{segment(sign(signing_input.encode()))}"
+
+
+def ecdsa_p256(key: ec.EllipticCurvePrivateKey) -> Callable[[bytes], bytes]:
+    def sign(data: bytes) -> bytes:
+        r, s = decode_dss_signature(key.sign(data, ec.ECDSA(hashes.SHA256())))
+        return r.to_bytes(32, "big") + s.to_bytes(32, "big")
+
+    return sign
+
+
+def rsa_pkcs1(key: rsa.RSAPrivateKey) -> Callable[[bytes], bytes]:
+    return lambda data: key.sign(data, padding.PKCS1v15(), hashes.SHA256())
+
+
+async def test_a_correctly_signed_token_made_by_hand_verifies(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys
+) -> None:
+    es = signed({"alg": "ES256", "kid": EC_KID}, claims(env), ecdsa_p256(keys.ec))
+    rs = signed({"alg": "RS256", "kid": RSA_KID}, claims(env), rsa_pkcs1(keys.rsa))
+
+    assert (await verifier.verify(es)).role == (await verifier.verify(rs)).role == "authenticated"
+
+
+@pytest.mark.parametrize(
+    ("header", "signer"),
+    [
+        ({"alg": "RS256", "kid": EC_KID}, lambda k: ecdsa_p256(k.ec)),
+        ({"alg": "ES256", "kid": RSA_KID}, lambda k: rsa_pkcs1(k.rsa)),
+    ],
+    ids=["RS256-header-signed-by-the-EC-key", "ES256-header-signed-by-the-RSA-key"],
+)
+async def test_the_key_pins_the_algorithm_even_when_its_own_signature_is_valid(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, header: dict[str, Any], signer: Any
+) -> None:
+    token = signed(header, claims(env), signer(keys))
+
+    assert (await refused(verifier, token)).code == "invalid_signature"
+
+
+@pytest.mark.parametrize("label", ["PS256", "RS384", "ES256"])
+async def test_an_rsa_key_published_for_another_algorithm_verifies_nothing(
+    keys: SigningKeys, label: str
+) -> None:
+    document = {
+        "keys": [
+            ec_jwk(keys.ec.public_key(), EC_KID),
+            {**rsa_jwk(keys.rsa.public_key(), "rsa-other"), "alg": label},
+            rsa_jwk(keys.rsa.public_key(), RSA_KID),
+        ]
+    }
+    env = SupabaseEnv(url="https://example.supabase.co", jwks=document)
+    verifier = TokenVerifier(env, clock=FakeClock())
+
+    assert (await verifier.verify(rs256(keys, claims(env)))).role == "authenticated"
+    assert (await refused(verifier, rs256(keys, claims(env), kid="rsa-other"))).code == "invalid_signature"
+
+
+@pytest.mark.parametrize("algorithm", ["RS512", "PS256", "ES384", "EdDSA"])
+async def test_an_unsupported_algorithm_is_refused_without_fetching_keys(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, host: JwksHost, algorithm: str
+) -> None:
+    token = signed({"alg": algorithm, "kid": "not-a-project-key"}, claims(env), rsa_pkcs1(keys.rsa))
+
+    assert (await refused(verifier, token)).code == "invalid_signature"
+    assert host.fetches == 0
 
 
 async def test_public_key_as_hmac_secret_is_refused_even_with_a_legacy_secret(

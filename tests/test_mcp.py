@@ -128,14 +128,89 @@ async def test_an_invalid_request_timeout_is_a_configuration_error_before_connec
 
     with pytest.raises(McpConnectionError) as raised:
         await connect(McpConnectionDefinition(name="docs", transport=transport, request_timeout_ms=timeout))
-    assert raised.value.code == "configuration_error"
+    assert (raised.value.code, raised.value.reason) == ("configuration_error", "invalid_timeout")
     assert opened == []
+
+
+HTTP = McpTransport(type="http", url="http://127.0.0.1:9/mcp")
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        ({"namespace": "has space"}, "invalid_namespace"),
+        ({"namespace": "kb\n"}, "invalid_namespace"),
+        ({"transport": "http://127.0.0.1:9/mcp"}, "invalid_transport"),
+        ({"transport": McpTransport(type="ws", url="http://127.0.0.1:9/mcp")}, "invalid_transport"),  # type: ignore[arg-type]
+        ({"transport": McpTransport(type="http", url="http:///no-host")}, "invalid_transport"),
+        (
+            {"transport": McpTransport(type="http", url="http://127.0.0.1:9", headers={"X": "a\r\nB: c"})},
+            "invalid_headers",
+        ),
+        (
+            {"transport": McpTransport(type="http", url="http://127.0.0.1:9", headers={"X": 5})},
+            "invalid_headers",
+        ),  # type: ignore[dict-item]
+        ({"auth": "Bearer x"}, "invalid_auth"),
+        ({"failure": "sometimes"}, "invalid_failure"),
+        ({"on_error": "log"}, "invalid_on_error"),
+        ({"include_instructions": 1}, "invalid_include_instructions"),
+        ({"allowlist": "search"}, "invalid_allowlist"),
+        ({"allowlist": ["search", ""]}, "invalid_allowlist"),
+        ({"allowlist": ["search", "search"]}, "invalid_allowlist"),
+        ({"aliases": [("search", "find")]}, "invalid_alias"),
+        ({"aliases": {"search": "has space"}}, "invalid_alias"),
+        ({"aliases": {"search": "find\n"}}, "invalid_alias"),
+        ({"aliases": {5: "find"}}, "invalid_alias"),
+        ({"aliases": {"search": "find", "read": "find"}}, "duplicate_alias"),
+        ({"allowlist": ["has space"]}, "invalid_tool_name"),
+        ({"allowlist": ["x" * 125]}, "invalid_tool_name"),
+    ],
+)
+async def test_each_invalid_definition_is_refused_with_its_reason_before_connecting(
+    options: dict[str, Any], reason: str
+) -> None:
+    definition = McpConnectionDefinition[Ctx](**{"name": "docs", "transport": HTTP, **options})
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(definition)
+    assert (raised.value.code, raised.value.reason, raised.value.connection) == (
+        "configuration_error",
+        reason,
+        "docs",
+    )
+
+
+@pytest.mark.parametrize("definitions", ["docs", [object()]], ids=["not-a-list", "not-a-definition"])
+async def test_definitions_that_are_not_a_list_of_definitions_are_refused(definitions: Any) -> None:
+    with pytest.raises(McpConnectionError) as raised:
+        await create_mcp_connections(definitions, context=Ctx())
+    assert (raised.value.code, raised.value.reason, raised.value.connection) == (
+        "configuration_error",
+        "invalid_definitions",
+        None,
+    )
+
+
+async def test_a_valid_definition_passes_every_check_and_fails_only_at_discovery() -> None:
+    definition = unreachable(
+        name="docs",
+        namespace="kb",
+        allowlist=["search", "read"],
+        aliases={"search": "find"},
+        failure="required",
+        on_error=lambda error: None,
+        include_instructions=True,
+        request_timeout_ms=2000,
+    )
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(definition)
+    assert (raised.value.code, raised.value.reason) == ("discovery_failed", "connection_failed")
 
 
 async def test_two_connections_with_one_name_are_a_configuration_error(server: RunningServer) -> None:
     with pytest.raises(McpConnectionError) as raised:
         await connect(define(server), define(server))
-    assert raised.value.code == "configuration_error"
+    assert (raised.value.code, raised.value.reason) == ("configuration_error", "duplicate_name")
     assert raised.value.connection == "docs"
 
 
@@ -157,7 +232,11 @@ async def test_an_alias_colliding_with_another_connections_tool_fails_before_con
     )
     with pytest.raises(McpConnectionError) as raised:
         await connect(first, second)
-    assert (raised.value.code, raised.value.tool) == ("configuration_error", "a__search")
+    assert (raised.value.code, raised.value.reason, raised.value.tool) == (
+        "configuration_error",
+        "duplicate_tool_name",
+        "a__search",
+    )
     assert opened == []
 
 
@@ -166,16 +245,16 @@ async def test_an_alias_for_a_tool_outside_the_allowlist_is_a_configuration_erro
 ) -> None:
     with pytest.raises(McpConnectionError) as raised:
         await connect(define(server, allowlist=["read"], aliases={"search": "find"}))
-    assert raised.value.code == "configuration_error"
+    assert (raised.value.code, raised.value.reason) == ("configuration_error", "alias_outside_allowlist")
 
 
-@pytest.mark.parametrize("name", ["", "has space", "dots.not.allowed", "x" * 65])
+@pytest.mark.parametrize("name", ["", "has space", "dots.not.allowed", "x" * 65, "docs\n", 5])
 async def test_a_connection_name_that_cannot_prefix_tool_names_is_a_configuration_error(
     server: RunningServer, name: str
 ) -> None:
     with pytest.raises(McpConnectionError) as raised:
         await connect(define(server, name=name))
-    assert raised.value.code == "configuration_error"
+    assert (raised.value.code, raised.value.reason) == ("configuration_error", "invalid_name")
 
 
 async def test_a_transport_url_that_is_not_http_is_a_configuration_error() -> None:
@@ -184,7 +263,7 @@ async def test_a_transport_url_that_is_not_http_is_a_configuration_error() -> No
     )
     with pytest.raises(McpConnectionError) as raised:
         await connect(definition)
-    assert raised.value.code == "configuration_error"
+    assert (raised.value.code, raised.value.reason) == ("configuration_error", "invalid_transport")
 
 
 async def test_an_invalid_resolved_transport_fails_even_an_optional_connection() -> None:
@@ -193,7 +272,7 @@ async def test_an_invalid_resolved_transport_fails_even_an_optional_connection()
 
     with pytest.raises(McpConnectionError) as raised:
         await connect(McpConnectionDefinition(name="docs", transport=transport, failure="optional"))
-    assert raised.value.code == "configuration_error"
+    assert (raised.value.code, raised.value.reason) == ("configuration_error", "invalid_transport")
 
 
 async def test_a_set_cancel_signal_stops_before_anything_connects(server: RunningServer) -> None:
@@ -265,7 +344,7 @@ async def test_a_name_collision_found_at_discovery_closes_every_client_and_publi
     second = define(fresh_http_server, name="two", namespace="kb")
     with pytest.raises(McpConnectionError) as raised:
         await connect(first, second)
-    assert raised.value.code == "configuration_error"
+    assert (raised.value.code, raised.value.reason) == ("configuration_error", "duplicate_tool_name")
     assert fresh_http_server.log.count("DELETE") == 2
 
 
@@ -328,7 +407,9 @@ async def test_an_optional_connection_that_cannot_connect_is_left_out_and_report
     )
     try:
         assert list(named(connections)) == ["docs__read"]
-        assert [(error.code, error.connection) for error in reported] == [("connection_failed", "gone")]
+        assert [(error.code, error.reason, error.connection) for error in reported] == [
+            ("discovery_failed", "connection_failed", "gone")
+        ]
     finally:
         await connections.close()
 
@@ -343,7 +424,11 @@ async def test_a_required_connection_that_cannot_connect_fails_and_closes_the_ot
     failing = McpConnectionDefinition(name="gone", transport=after_the_other_connected)
     with pytest.raises(McpConnectionError) as raised:
         await connect(define(fresh_http_server), failing)
-    assert (raised.value.code, raised.value.connection) == ("connection_failed", "gone")
+    assert (raised.value.code, raised.value.reason, raised.value.connection) == (
+        "discovery_failed",
+        "connection_failed",
+        "gone",
+    )
     assert fresh_http_server.log.count("DELETE") == 1
 
 
@@ -354,7 +439,7 @@ async def test_a_required_connection_whose_discovery_is_too_slow_times_out(trans
         pytest.raises(McpConnectionError) as raised,
     ):
         await connect(define(slow, request_timeout_ms=300))
-    assert raised.value.code == "timeout"
+    assert (raised.value.code, raised.value.reason) == ("discovery_failed", "timeout")
 
 
 async def test_an_optional_connection_whose_discovery_is_too_slow_is_left_out_and_reported() -> None:
@@ -365,7 +450,7 @@ async def test_an_optional_connection_whose_discovery_is_too_slow_is_left_out_an
         )
         await connections.close()
     assert connections.tools == []
-    assert [error.code for error in reported] == ["timeout"]
+    assert [(error.code, error.reason) for error in reported] == [("discovery_failed", "timeout")]
 
 
 # Authorization
@@ -387,7 +472,11 @@ async def test_a_refused_credential_at_discovery_fails_even_an_optional_connecti
         )
         with pytest.raises(McpConnectionError) as raised:
             await connect(definition)
-    assert (raised.value.code, raised.value.connection) == ("authorization_required", "docs")
+    assert (raised.value.code, raised.value.reason, raised.value.connection) == (
+        "authorization_required",
+        "unauthorized",
+        "docs",
+    )
 
 
 @pytest.mark.parametrize("status", [401, 403])
@@ -403,8 +492,12 @@ async def test_a_refused_credential_during_a_call_is_authorization_required_and_
                 await run(named(connections)["docs__search"], {"query": "q"})
         finally:
             await connections.close()
-    assert (raised.value.code, raised.value.tool) == ("authorization_required", "docs__search")
-    assert [error.code for error in reported] == ["authorization_required"]
+    assert (raised.value.code, raised.value.reason, raised.value.tool) == (
+        "authorization_required",
+        "unauthorized",
+        "docs__search",
+    )
+    assert [(error.code, error.reason) for error in reported] == [("authorization_required", "unauthorized")]
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -461,7 +554,11 @@ async def test_a_user_without_a_stored_credential_needs_authorization_before_any
     )
     with pytest.raises(McpConnectionError) as raised:
         await connect(definition, context=Ctx("carol"))
-    assert (raised.value.code, raised.value.connection) == ("authorization_required", "docs")
+    assert (raised.value.code, raised.value.reason, raised.value.connection) == (
+        "authorization_required",
+        "credential_missing",
+        "docs",
+    )
     assert len(server.log.requests) == before
 
 
@@ -475,7 +572,7 @@ async def test_a_turn_without_a_user_needs_authorization_for_a_user_owned_connec
     )
     with pytest.raises(McpConnectionError) as raised:
         await connect(definition, context=Ctx(None))
-    assert raised.value.code == "authorization_required"
+    assert (raised.value.code, raised.value.reason) == ("authorization_required", "credential_missing")
 
 
 class RefusingProvider(InMemoryCredentialProvider):
@@ -488,14 +585,14 @@ class BrokenProvider(InMemoryCredentialProvider):
         raise OSError("the credential store is down")
 
 
-async def test_a_refused_credential_fails_even_an_optional_connection_as_authorization_failed(
+async def test_a_refused_credential_fails_even_an_optional_connection_as_authorization_required(
     server: RunningServer,
 ) -> None:
     ref = CredentialRef(provider="memory", secret="docs", scope="app")
     auth = credential_auth(provider=RefusingProvider(), ref=ref, owner="app", connection="Docs")
     with pytest.raises(McpConnectionError) as raised:
         await connect(define(server, failure="optional", auth=auth))
-    assert raised.value.code == "authorization_failed"
+    assert (raised.value.code, raised.value.reason) == ("authorization_required", "credential_refused")
 
 
 async def test_an_optional_connection_whose_credential_store_fails_is_left_out_and_reported(
@@ -507,7 +604,7 @@ async def test_an_optional_connection_whose_credential_store_fails_is_left_out_a
     connections = await connect(define(server, failure="optional", auth=auth, on_error=reported.append))
     await connections.close()
     assert connections.tools == []
-    assert [error.code for error in reported] == ["connection_failed"]
+    assert [(error.code, error.reason) for error in reported] == [("discovery_failed", "connection_failed")]
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -570,7 +667,9 @@ async def test_an_is_error_result_stays_a_result_and_is_reported(server: Running
         await connections.close()
     assert output["isError"] is True
     assert "The document store is offline." in output["content"][0]["text"]
-    assert [(error.code, error.tool) for error in reported] == [("tool_error", "docs__broken")]
+    assert [(error.code, error.reason, error.tool) for error in reported] == [
+        ("execution_failed", "tool_error", "docs__broken")
+    ]
 
 
 async def test_a_call_the_server_does_not_answer_in_time_times_out_and_is_reported(
@@ -585,8 +684,12 @@ async def test_a_call_the_server_does_not_answer_in_time_times_out_and_is_report
             await run(named(connections)["docs__slow"], {})
     finally:
         await connections.close()
-    assert (raised.value.code, raised.value.tool) == ("timeout", "docs__slow")
-    assert [error.code for error in reported] == ["timeout"]
+    assert (raised.value.code, raised.value.reason, raised.value.tool) == (
+        "execution_failed",
+        "timeout",
+        "docs__slow",
+    )
+    assert [(error.code, error.reason) for error in reported] == [("execution_failed", "timeout")]
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -598,7 +701,11 @@ async def test_a_dropped_connection_fails_the_call_as_connection_failed(transpor
                 await run(named(connections)["docs__disconnect"], {})
         finally:
             await connections.close()
-    assert (raised.value.code, raised.value.tool) == ("connection_failed", "docs__disconnect")
+    assert (raised.value.code, raised.value.reason, raised.value.tool) == (
+        "execution_failed",
+        "connection_failed",
+        "docs__disconnect",
+    )
 
 
 async def test_a_protocol_error_from_the_server_is_execution_failed_and_reveals_nothing(
@@ -611,9 +718,13 @@ async def test_a_protocol_error_from_the_server_is_execution_failed_and_reveals_
             await run(named(connections)["docs__explode"], {})
     finally:
         await connections.close()
-    assert (raised.value.code, raised.value.tool) == ("execution_failed", "docs__explode")
+    assert (raised.value.code, raised.value.reason, raised.value.tool) == (
+        "execution_failed",
+        "request_failed",
+        "docs__explode",
+    )
     assert_reveals_nothing(raised.value)
-    assert [error.code for error in reported] == ["execution_failed"]
+    assert [(error.code, error.reason) for error in reported] == [("execution_failed", "request_failed")]
 
 
 async def test_a_failed_call_is_not_retried() -> None:
@@ -649,6 +760,28 @@ async def test_close_closes_each_client_exactly_once(fresh_http_server: RunningS
     assert fresh_http_server.log.count("DELETE") == 1
 
 
+async def test_a_client_that_does_not_let_go_is_cut_off_and_reported_as_cleanup_failed() -> None:
+    reported: list[McpConnectionError] = []
+    with serve_mcp("http", Behavior(hold_deletes=True)) as holding:
+        connections = await connect(
+            define(holding, allowlist=["read"], request_timeout_ms=300, on_error=reported.append)
+        )
+        await connections.close()
+        assert connections.closed
+        assert holding.log.count("DELETE") == 1
+    assert [(error.code, error.reason, error.connection) for error in reported] == [
+        ("cleanup_failed", "timeout", "docs")
+    ]
+
+
+async def test_a_clean_close_reports_nothing(fresh_http_server: RunningServer) -> None:
+    reported: list[McpConnectionError] = []
+    connections = await connect(define(fresh_http_server, allowlist=["read"], on_error=reported.append))
+    await connections.close()
+    assert fresh_http_server.log.count("DELETE") == 1
+    assert reported == []
+
+
 async def test_the_cancel_signal_closes_the_clients(fresh_http_server: RunningServer) -> None:
     cancel = asyncio.Event()
     connections = await connect(define(fresh_http_server, allowlist=["read"]), cancel=cancel)
@@ -674,7 +807,7 @@ async def test_a_call_after_close_fails_as_closed(server: RunningServer) -> None
     await connections.close()
     with pytest.raises(McpConnectionError) as raised:
         await run(named(connections)["docs__read"], {"id": "1"})
-    assert raised.value.code == "closed"
+    assert (raised.value.code, raised.value.reason) == ("execution_failed", "closed")
 
 
 # Server instructions
@@ -789,4 +922,4 @@ async def test_a_refused_credential_during_a_turn_is_a_tool_error_that_reveals_n
         await session.close()
     error_text = chunk_for(chunks, "tool-output-error", "call-1-0")["errorText"]
     assert error_text == "The docs connection needs authorization. Reconnect it and try again."
-    assert [error.code for error in reported] == ["authorization_required"]
+    assert [(error.code, error.reason) for error in reported] == [("authorization_required", "unauthorized")]

@@ -526,6 +526,50 @@ def test_guarding_twice_applies_both_projections_outer_first() -> None:
     assert outer.model_view([], call_for()) == ["outer", "inner"]
 
 
+# recheck_before_model
+
+
+def test_a_policy_without_can_execute_adds_no_recheck() -> None:
+    assert guarded(ToolPolicy(model_output=hide_iban)).recheck_before_model is None
+
+
+async def test_the_recheck_gives_the_policys_denied_output_once_execution_is_refused() -> None:
+    allowed = [True]
+    item = guarded(ToolPolicy(can_execute=lambda context, call: allowed[0], denied_output=DENIED))
+    assert item.recheck_before_model is not None
+
+    assert await item.recheck_before_model(call_for()) is None
+    allowed[0] = False
+    denial = await item.recheck_before_model(call_for())
+
+    assert denial == ToolDenial(DENIED)
+    assert denial is not None and denial.output is not DENIED
+
+
+@pytest.mark.parametrize(
+    ("inner_allows", "outer_allows", "denied"),
+    [(False, True, {"error": "inner"}), (True, False, {"error": "outer"}), (True, True, None)],
+    ids=["inner-refuses", "outer-refuses", "both-allow"],
+)
+async def test_guarding_twice_rechecks_both_policies(
+    inner_allows: bool, outer_allows: bool, denied: Any
+) -> None:
+    inner = guarded(
+        ToolPolicy(can_execute=lambda context, call: inner_allows, denied_output={"error": "inner"})
+    )
+    outer = guard_tool(inner, ToolPolicy(model_output=hide_iban), CONTEXT)
+    outermost = guard_tool(
+        outer,
+        ToolPolicy(can_execute=lambda context, call: outer_allows, denied_output={"error": "outer"}),
+        CONTEXT,
+    )
+    assert outer.recheck_before_model is not None and outermost.recheck_before_model is not None
+
+    denial = await outermost.recheck_before_model(call_for())
+
+    assert (denial.output if denial is not None else None) == denied
+
+
 # model_error
 
 
@@ -574,28 +618,43 @@ def test_sanitize_tool_output_redacts_unknown_tools_by_default() -> None:
     assert sanitized["output"] == REDACTED_OUTPUT
 
 
-def test_sanitize_tool_output_keeps_unknown_tools_when_asked() -> None:
+@pytest.mark.parametrize("unknown_output", [{"hidden": True}, "gone", None], ids=["object", "text", "null"])
+def test_sanitize_tool_output_gives_unknown_tools_the_unknown_output(unknown_output: Any) -> None:
     part = output_part("removed_tool")
 
-    sanitized = sanitize_tool_output(part, context=CONTEXT, policies={}, redact_unknown=False)
+    sanitized = sanitize_tool_output(part, context=CONTEXT, policies={}, unknown_output=unknown_output)
 
-    assert sanitized == part
+    assert sanitized == {**part, "output": unknown_output}
 
 
-def test_sanitize_tool_output_redacts_hidden_tools() -> None:
+def test_sanitize_tool_output_unknown_output_is_a_copy() -> None:
+    unknown = {"hidden": ["row"]}
+
+    sanitized = sanitize_tool_output(
+        output_part("removed_tool"), context=CONTEXT, policies={}, unknown_output=unknown
+    )
+    sanitized["output"]["hidden"].append("leaked")
+
+    assert unknown == {"hidden": ["row"]}
+
+
+@pytest.mark.parametrize("visible", [lambda context: False, raise_error], ids=["hidden", "check-raising"])
+def test_sanitize_tool_output_gives_a_hidden_tool_its_policys_denied_output(visible: Any) -> None:
+    policies = {"transfer": ToolPolicy[Ctx](visible=visible, denied_output=DENIED)}
+
+    sanitized = sanitize_tool_output(
+        output_part(), context=CONTEXT, policies=policies, unknown_output={"unknown": True}
+    )
+
+    assert sanitized == {**output_part(), "output": DENIED}
+
+
+def test_sanitize_tool_output_gives_a_hidden_tool_the_default_denial() -> None:
     policies = {"transfer": ToolPolicy[Ctx](visible=lambda context: False)}
 
     sanitized = sanitize_tool_output(output_part(), context=CONTEXT, policies=policies)
 
-    assert sanitized["output"] == REDACTED_OUTPUT
-
-
-def test_sanitize_tool_output_redacts_when_visibility_check_fails() -> None:
-    policies = {"transfer": ToolPolicy[Ctx](visible=raise_error)}
-
-    sanitized = sanitize_tool_output(output_part(), context=CONTEXT, policies=policies)
-
-    assert sanitized["output"] == REDACTED_OUTPUT
+    assert sanitized["output"] == DEFAULT_DENIED_OUTPUT
 
 
 def test_sanitize_tool_output_applies_the_projection() -> None:
@@ -723,22 +782,41 @@ async def test_output_for_model_is_denied_for_a_hidden_tool() -> None:
     assert sanitized["output"] == DENIED
 
 
-async def test_output_for_model_is_denied_for_a_missing_tool() -> None:
+async def test_output_for_model_redacts_a_missing_tool() -> None:
     sanitized = await sanitize_tool_output_for_model(
         output_part("removed_tool"), context=CONTEXT, policies={}
     )
 
-    assert sanitized["output"] == DEFAULT_DENIED_OUTPUT
+    assert sanitized == {**output_part("removed_tool"), "output": REDACTED_OUTPUT}
 
 
-async def test_output_for_model_denies_a_missing_dynamic_tool() -> None:
+async def test_output_for_model_redacts_a_missing_dynamic_tool() -> None:
     part = {**output_part(), "type": "dynamic-tool", "toolName": "docs__delete"}
 
     sanitized = await sanitize_tool_output_for_model(
         part, context=CONTEXT, policies={"transfer": ToolPolicy()}
     )
 
-    assert sanitized["output"] == DEFAULT_DENIED_OUTPUT
+    assert sanitized["output"] == REDACTED_OUTPUT
+
+
+@pytest.mark.parametrize("unknown_output", [{"hidden": True}, None], ids=["object", "null"])
+async def test_output_for_model_gives_a_missing_tool_the_unknown_output(unknown_output: Any) -> None:
+    sanitized = await sanitize_tool_output_for_model(
+        output_part("removed_tool"), context=CONTEXT, policies={}, unknown_output=unknown_output
+    )
+
+    assert sanitized == {**output_part("removed_tool"), "output": unknown_output}
+
+
+async def test_output_for_model_denial_of_a_known_tool_ignores_the_unknown_output() -> None:
+    policies = {"transfer": ToolPolicy[Ctx](can_execute=lambda context, call: False, denied_output=DENIED)}
+
+    sanitized = await sanitize_tool_output_for_model(
+        output_part(), context=CONTEXT, policies=policies, unknown_output={"unknown": True}
+    )
+
+    assert sanitized["output"] == DENIED
 
 
 async def test_output_for_model_gives_the_denied_output_when_the_projection_fails() -> None:
@@ -821,11 +899,21 @@ async def test_error_for_model_becomes_the_denied_output_when_access_is_gone(
     assert (sanitized["state"], sanitized["output"]) == ("output-available", DENIED)
 
 
-async def test_error_for_model_becomes_the_default_denial_for_a_missing_tool() -> None:
+async def test_error_for_model_becomes_the_redaction_for_a_missing_tool() -> None:
     sanitized = await sanitize_tool_error_for_model(error_part("removed_tool"), context=CONTEXT, policies={})
 
     assert "errorText" not in sanitized
-    assert (sanitized["state"], sanitized["output"]) == ("output-available", DEFAULT_DENIED_OUTPUT)
+    assert (sanitized["state"], sanitized["output"]) == ("output-available", REDACTED_OUTPUT)
+
+
+@pytest.mark.parametrize("unknown_output", [{"hidden": True}, None], ids=["object", "null"])
+async def test_error_for_model_gives_a_missing_tool_the_unknown_output(unknown_output: Any) -> None:
+    sanitized = await sanitize_tool_error_for_model(
+        error_part("removed_tool"), context=CONTEXT, policies={}, unknown_output=unknown_output
+    )
+
+    assert "errorText" not in sanitized
+    assert (sanitized["state"], sanitized["output"]) == ("output-available", unknown_output)
 
 
 async def test_error_for_model_does_not_mutate_the_part() -> None:

@@ -17,6 +17,7 @@ import pytest
 import pytest_asyncio
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -202,7 +203,31 @@ async def test_response_carries_the_ui_message_stream_headers_and_application_he
     assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
     assert response.headers["cache-control"] == "no-cache"
     assert response.headers["x-accel-buffering"] == "no"
+    assert response.headers["content-encoding"] == "none"
     assert response.headers["x-request-id"] == "r-1"
+
+
+async def test_compressing_middleware_passes_the_stream_through_unbuffered(server: StreamServer) -> None:
+    """A compressor that does not know event streams (unlike Starlette's default) still leaves it alone."""
+    gate = anyio.Event()
+    server.app = GZipMiddleware(server.app, minimum_size=1, exclude_content_types=())
+    server.serve(ScriptedResult(step(text("t1", "Hi")), gate=gate, after_gate=step(text("t2", "there"))))
+    async with (
+        httpx2.AsyncClient() as client,
+        client.stream(
+            "POST", server.url, json={"messages": [user("Hi")]}, headers={"Accept-Encoding": "gzip"}
+        ) as response,
+    ):
+        assert response.headers["content-encoding"] == "none"
+        raw = response.aiter_raw()
+        received = b""
+        while b'"delta":"Hi"' not in received:
+            received += await asyncio.wait_for(anext(raw), timeout=30)
+        gate.set()
+        async for data in raw:
+            received += data
+    assert received.endswith(b"data: [DONE]\n\n")
+    assert b'"delta":"there"' in received
 
 
 async def test_application_headers_cannot_redefine_a_protocol_header() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema
 import pydantic
@@ -621,6 +621,78 @@ async def test_a_tool_defined_again_each_turn_reuses_its_schema_but_not_its_clos
     assert first.input_schema is not second.input_schema
     assert await _run(first, {"loud": True}) == "ADA"
     assert await _run(second, {}) == "bob"
+
+
+def test_two_closures_of_one_factory_with_different_defaults_get_their_own_schema() -> None:
+    def factory(default: Any) -> Tool:
+        @tool
+        def pick(limit: Any = default) -> Any:
+            """Pick."""
+            return limit
+
+        return pick
+
+    schemas = [
+        factory(value).input_schema["properties"]["limit"]["default"] for value in (3, 1, True, 1.0, "1")
+    ]
+
+    assert [(type(value), value) for value in schemas] == [
+        (int, 3),
+        (int, 1),
+        (bool, True),
+        (float, 1.0),
+        (str, "1"),
+    ]
+
+
+async def test_two_closures_of_one_factory_with_different_annotations_get_their_own_validator() -> None:
+    def factory(allowed: tuple[str, ...]) -> Tool:
+        Choice = Literal[allowed]  # an annotation local to the factory, resolved per turn
+
+        @tool
+        def choose(choice: Choice) -> str:  # type: ignore[valid-type]
+            """Choose one of the caller's own options."""
+            return str(choice)
+
+        return choose
+
+    reader, admin = factory(("read", "list")), factory(("read", "list", "delete"))
+
+    assert reader.input_schema["properties"]["choice"]["enum"] == ["read", "list"]
+    assert admin.input_schema["properties"]["choice"]["enum"] == ["read", "list", "delete"]
+    assert await _run(admin, {"choice": "delete"}) == "delete"
+    with pytest.raises(ToolInputError):
+        reader.check_input({"choice": "delete"})
+    assert reader.execute is not None
+    with pytest.raises(ToolInputError):
+        await _run(reader, {"choice": "delete"})
+
+
+def test_closures_with_defaults_equal_but_not_the_same_value_do_not_share_a_schema() -> None:
+    def factory(default: Any) -> Tool:
+        @tool
+        def page(tags: Any = default) -> Any:
+            """Page."""
+            return tags
+
+        return page
+
+    assert factory((1, 2)).input_schema["properties"]["tags"]["default"] == [1, 2]
+    assert factory((True, 2)).input_schema["properties"]["tags"]["default"] == [True, 2]
+    assert factory((True, 2)).input_schema["properties"]["tags"]["default"][0] is True
+
+
+def test_closures_with_defaults_that_are_not_plain_values_build_their_own_schema() -> None:
+    def factory(default: Any) -> Tool:
+        @tool
+        def filter_by(tags: Any = default) -> Any:
+            """Filter."""
+            return tags
+
+        return filter_by
+
+    assert factory(["a"]).input_schema["properties"]["tags"]["default"] == ["a"]
+    assert factory(["b"]).input_schema["properties"]["tags"]["default"] == ["b"]
 
 
 async def _run(item: Tool, arguments: dict[str, Any]) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -358,7 +358,9 @@ class AgentStreamResult:
             call_id = str(part["toolCallId"])
             awaiting = history.awaiting.get(call_id)
             name = awaiting.tool_name if awaiting is not None else str(part.get("toolName", ""))
-            approval = part.get("approval") or {}
+            approval = part.get("approval")
+            if not isinstance(approval, Mapping):
+                approval = {}  # not an answer the loop can read: a denial, never a failed turn
             item = self._plan.tools.get(name)
             if approval.get("approved") is not True:
                 yield {"type": "tool-output-denied", "toolCallId": call_id}
@@ -429,15 +431,19 @@ class AgentStreamResult:
             return chunk, ToolReturnPart(
                 tool_name=call.tool_name, content=ui_output, tool_call_id=call.tool_call_id, outcome="denied"
             )
+        withheld = None if item.recheck_before_model is None else await item.recheck_before_model(call)
         try:
-            model_view = item.model_view(output, call)
+            model_view = item.model_view(output, call) if withheld is None else withheld.output
             ui_output = to_jsonable_python(output)
         except Exception:
             logger.exception("Converting the result of %s failed.", call.tool_name)
             return self._error(item, call, GENERIC_TOOL_ERROR)
         chunk = {"type": "tool-output-available", "toolCallId": call.tool_call_id, "output": ui_output}
         return chunk, ToolReturnPart(
-            tool_name=call.tool_name, content=model_view, tool_call_id=call.tool_call_id
+            tool_name=call.tool_name,
+            content=model_view,
+            tool_call_id=call.tool_call_id,
+            outcome="success" if withheld is None else "denied",
         )
 
     def _error(self, item: Tool, call: ToolCall, error_text: str) -> tuple[Chunk, ModelRequestPart]:

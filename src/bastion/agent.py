@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeAlias, TypeVar
 from pydantic_ai.models import KnownModelName, Model, infer_model
 from pydantic_ai.settings import ModelSettings
 
-from bastion._cancel import unless_cancelled
+from bastion._cancel import AgentCancelledError
 from bastion._loop import AgentStreamResult, ExecuteToolHook, TurnPlan
 from bastion._ui_messages import UIMessage, to_model_messages
 from bastion.policies import (
@@ -144,14 +144,15 @@ class Agent(Generic[ContextT]):
         """Build this turn's tools for a trusted context. Resources are closed if anything here fails.
 
         If `cancel` is set while the tools are being built, the factory is cancelled (it must release
-        what it opened) and `AgentCancelledError` is raised.
+        what it opened), whatever it returned is closed, and `AgentCancelledError` is raised. If it is
+        set later, the session closes its resources, whether or not it has streamed.
 
         `cancel` stops the turn when set. `execute_tool` receives every execution (for example
         `AgentRun.execute_tool`, so each one goes through the persistence claim).
         """
         built = AgentTools()
         try:
-            built = await unless_cancelled(self._build_tools(context), cancel)
+            built = await self._build_tools_unless_cancelled(context, cancel)
             tools = list(built.tools)
             if self.skills is not None:
                 tools = compose_tools(tools, [self.skills.loader()])
@@ -171,6 +172,32 @@ class Agent(Generic[ContextT]):
             execute_tool=execute_tool,
         )
 
+    async def _build_tools_unless_cancelled(
+        self, context: ContextT, cancel: asyncio.Event | None
+    ) -> AgentTools:
+        """The factory's tools, unless `cancel` is set meanwhile: then whatever it returned is closed.
+
+        A cancellation in the same step as the factory finishing still cancels: the turn was stopped,
+        and the resources just opened would otherwise belong to nobody.
+        """
+        if cancel is None:
+            return await self._build_tools(context)
+        if cancel.is_set():
+            raise AgentCancelledError
+        building = asyncio.ensure_future(self._build_tools(context))
+        waiter = asyncio.ensure_future(cancel.wait())
+        try:
+            await asyncio.wait({building, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            await _discard(building)
+            raise
+        finally:
+            waiter.cancel()
+        if cancel.is_set():
+            await _discard(building)
+            raise AgentCancelledError
+        return building.result()
+
     async def _build_tools(self, context: ContextT) -> AgentTools:
         if self.tool_factory is None:
             return AgentTools()
@@ -180,6 +207,14 @@ class Agent(Generic[ContextT]):
         if isinstance(produced, AgentTools):
             return produced
         return AgentTools(tools=tuple(produced))
+
+
+async def _discard(building: asyncio.Future[AgentTools]) -> None:
+    """Stop a factory that is no longer wanted and close what it returned, if it returned anything."""
+    building.cancel()
+    await asyncio.gather(building, return_exceptions=True)
+    if not building.cancelled() and building.exception() is None:
+        await _close_quietly(building.result().close)
 
 
 async def _close_quietly(close: Callable[[], Awaitable[None]] | None) -> None:
@@ -215,6 +250,15 @@ class AgentSession(Generic[ContextT]):
         self._closed = False
         self._streamed = False
         self._closing: asyncio.Task[None] | None = None
+        self._watcher = asyncio.ensure_future(self._close_on(cancel)) if cancel is not None else None
+
+    async def _close_on(self, cancel: asyncio.Event) -> None:
+        """A cancelled turn releases its resources even if it never streams (or the stream is never read).
+
+        The session stays usable for `stream()`, which then reports the turn as cancelled at once.
+        """
+        await cancel.wait()
+        await self._close_resources()
 
     @property
     def tool_names(self) -> list[str]:
@@ -313,6 +357,11 @@ class AgentSession(Generic[ContextT]):
     async def close(self) -> None:
         """Release the turn's tool resources, exactly once however often it is called."""
         self._closed = True
+        if self._watcher is not None and self._watcher is not asyncio.current_task():
+            self._watcher.cancel()
+        await self._close_resources()
+
+    async def _close_resources(self) -> None:
         if self._closing is None:
             self._closing = asyncio.ensure_future(_close_quietly(self._close_tools))
         await asyncio.shield(self._closing)

@@ -9,17 +9,21 @@ allowlist, nothing else is exposed, including tools the server adds later.
 Clients belong to the turn. They close exactly once: on `close()`, when the cancel signal is set, or
 when setup fails (every client opened so far is closed and no partial tool set is returned).
 
-Failures are `McpConnectionError`s with a stable `code` and the connection and tool names; their
-messages never contain the server's URL, the credentials or anything the server sent back. An HTTP 401
-or 403 is always `authorization_required`, at discovery (even for an optional connection) and during a
-call, so the application can ask the user to reconnect. Calls are never retried.
+Failures are `McpConnectionError`s with a stable `code` (`configuration_error`, `discovery_failed`,
+`execution_failed`, `authorization_required`, `cleanup_failed`), a `reason` within it, and the connection
+and tool names; their messages never contain the server's URL, the credentials or anything the server
+sent back. An HTTP 401 or 403, a missing or a refused credential is always `authorization_required`, at
+discovery (even for an optional connection) and during a call, so the application can ask the user to
+reconnect. Calls are never retried. Closing never raises: a client that does not let go and is cut off
+after the request timeout is reported to `on_error` as `cleanup_failed`.
 
 Results: a call returns the server's `structuredContent` when it sent one, otherwise
 `{"content": [...]}` with the MCP content items as JSON objects. A result the server flagged with
 `isError` stays an ordinary result, `{"content": [...], "isError": true}` (plus `structuredContent` if
-any), and is also reported to the definition's `on_error`. `on_error` hears about everything that is
-not raised to the application directly: optional connections left out, failed calls (which the turn
-shows as tool errors) and `isError` results.
+any), and is also reported to the definition's `on_error` as `execution_failed` with the reason
+`tool_error`. `on_error` hears about everything that is not raised to the application directly: optional
+connections left out, failed calls (which the turn shows as tool errors), `isError` results and failed
+cleanups.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ __all__ = [
     "McpConnectionError",
     "McpConnections",
     "McpErrorCode",
+    "McpErrorReason",
     "McpTransport",
     "create_mcp_connections",
 ]
@@ -63,30 +68,60 @@ T = TypeVar("T")
 logger = logging.getLogger("bastion.mcp")
 
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _MAX_TOOL_PAGES = 100
 _STREAM_READ_TIMEOUT = 3600.0
 """How long an idle event stream may stay silent; each request has its own, shorter bound."""
 
 McpErrorCode: TypeAlias = Literal[
     "configuration_error",
+    "discovery_failed",
+    "execution_failed",
     "authorization_required",
-    "authorization_failed",
+    "cleanup_failed",
+]
+McpErrorReason: TypeAlias = Literal[
+    # configuration_error
+    "invalid_definitions",
+    "invalid_name",
+    "duplicate_name",
+    "invalid_namespace",
+    "invalid_transport",
+    "invalid_headers",
+    "invalid_auth",
+    "invalid_failure",
+    "invalid_on_error",
+    "invalid_timeout",
+    "invalid_include_instructions",
+    "invalid_allowlist",
+    "invalid_alias",
+    "alias_outside_allowlist",
+    "duplicate_alias",
+    "invalid_tool_name",
+    "duplicate_tool_name",
+    # authorization_required
+    "unauthorized",
+    "credential_missing",
+    "credential_refused",
+    # discovery_failed, execution_failed, cleanup_failed
     "connection_failed",
     "timeout",
-    "execution_failed",
-    "tool_error",
     "closed",
+    "invalid_arguments",
+    "request_failed",
+    "tool_error",
 ]
-_FAILS_EVEN_IF_OPTIONAL: frozenset[str] = frozenset(
-    {"configuration_error", "authorization_required", "authorization_failed"}
-)
+_FAILS_EVEN_IF_OPTIONAL: frozenset[str] = frozenset({"configuration_error", "authorization_required"})
 
 
 class McpConnectionError(ToolError):
-    """An MCP connection failed. `code` is stable; the message names only the connection and the tool.
+    """An MCP connection failed. The message names only the connection and the tool.
 
+    `code` is the stable kind: `configuration_error`, `discovery_failed`, `execution_failed`
+    (including the report of a result the server flagged `isError`), `authorization_required` or
+    `cleanup_failed`. `reason` says which check or step failed within it (for example `timeout`,
+    `tool_error`, `credential_refused`, `alias_outside_allowlist`).
     It is a `ToolError`, so when a call fails its message is what the model and the UI are shown.
     """
 
@@ -94,36 +129,47 @@ class McpConnectionError(ToolError):
         self,
         code: McpErrorCode,
         *,
+        reason: McpErrorReason,
         connection: str | None,
         tool: str | None = None,
         detail: str | None = None,
     ) -> None:
         self.code: McpErrorCode = code
+        self.reason: McpErrorReason = reason
         self.connection = connection
         self.tool = tool
-        super().__init__(_message(code, connection, tool, detail))
+        super().__init__(_message(code, reason, connection, tool, detail))
 
     def __repr__(self) -> str:
-        return f"McpConnectionError(code={self.code!r}, connection={self.connection!r}, tool={self.tool!r})"
+        return (
+            f"McpConnectionError(code={self.code!r}, reason={self.reason!r}, "
+            f"connection={self.connection!r}, tool={self.tool!r})"
+        )
 
 
-def _message(code: McpErrorCode, connection: str | None, tool: str | None, detail: str | None) -> str:
+def _message(
+    code: McpErrorCode, reason: McpErrorReason, connection: str | None, tool: str | None, detail: str | None
+) -> str:
     """Messages built from names the application chose, never from anything the server sent."""
     where = f"the {connection} connection" if connection else "an MCP connection"
     if code == "configuration_error":
         return f"MCP configuration error: {detail}" if detail else f"{where.capitalize()} is misconfigured."
     if code == "authorization_required":
+        if reason == "credential_refused":
+            return f"The credentials for {where} were refused. Reconnect it and try again."
         return f"{where.capitalize()} needs authorization. Reconnect it and try again."
-    if code == "authorization_failed":
-        return f"The credentials for {where} were refused."
-    if code == "timeout":
-        return f"{where.capitalize()} did not answer in time."
+    if code == "cleanup_failed":
+        return f"{where.capitalize()} did not close cleanly."
     if code == "execution_failed":
+        if reason == "tool_error":
+            return f"The tool {tool} on {where} reported an error."
+        if reason == "closed":
+            return f"{where.capitalize()} is closed."
+        if reason == "timeout":
+            return f"The tool {tool} on {where} did not answer in time."
         return f"The tool {tool} failed on {where}."
-    if code == "tool_error":
-        return f"The tool {tool} on {where} reported an error."
-    if code == "closed":
-        return f"{where.capitalize()} is closed."
+    if reason == "timeout":
+        return f"{where.capitalize()} did not answer in time."
     return f"{where.capitalize()} is unavailable."
 
 
@@ -328,6 +374,7 @@ def _build_tools(discovered: list[_Discovered]) -> list[Tool]:
             if name in owners:
                 raise McpConnectionError(
                     "configuration_error",
+                    reason="duplicate_tool_name",
                     connection=definition.name,
                     tool=name,
                     detail=f"the tool name {name!r} is offered by {owners[name]!r} and {definition.name!r}.",
@@ -411,16 +458,26 @@ class _Connection:
                 transport = await transport(context)
             extra = await definition.auth(context) if definition.auth is not None else {}
         except ConnectionAuthorizationRequiredError:
-            raise McpConnectionError("authorization_required", connection=self._name) from None
+            raise McpConnectionError(
+                "authorization_required", reason="credential_missing", connection=self._name
+            ) from None
         except ConnectionAuthorizationFailedError:
-            raise McpConnectionError("authorization_failed", connection=self._name) from None
+            raise McpConnectionError(
+                "authorization_required", reason="credential_refused", connection=self._name
+            ) from None
         except Exception:
             logger.warning("Resolving the transport of the %s connection failed.", self._name, exc_info=True)
-            raise McpConnectionError("connection_failed", connection=self._name) from None
+            raise McpConnectionError(
+                "discovery_failed", reason="connection_failed", connection=self._name
+            ) from None
         problem = _transport_problem(transport) or _headers_problem(extra)
         if problem is not None:
+            reason, text = problem
             raise McpConnectionError(
-                "configuration_error", connection=self._name, detail=f"connection {self._name!r}: {problem}"
+                "configuration_error",
+                reason=reason,
+                connection=self._name,
+                detail=f"connection {self._name!r}: {text}",
             )
         return McpTransport(type=transport.type, url=transport.url, headers={**transport.headers, **extra})
 
@@ -479,9 +536,13 @@ class _Connection:
         """Call a remote tool once, under the request timeout; failures are reported, then raised."""
         try:
             if self._session is None or self._stop.is_set():
-                raise McpConnectionError("closed", connection=self._name, tool=exposed)
+                raise McpConnectionError(
+                    "execution_failed", reason="closed", connection=self._name, tool=exposed
+                )
             if not isinstance(arguments, Mapping):
-                raise McpConnectionError("execution_failed", connection=self._name, tool=exposed)
+                raise McpConnectionError(
+                    "execution_failed", reason="invalid_arguments", connection=self._name, tool=exposed
+                )
             result = await self._request(
                 self._session.call_tool(remote, dict(arguments)), stage="call", tool=exposed
             )
@@ -491,7 +552,10 @@ class _Connection:
         output = _tool_output(result)
         if result.is_error:
             await _report(
-                self.definition, McpConnectionError("tool_error", connection=self._name, tool=exposed)
+                self.definition,
+                McpConnectionError(
+                    "execution_failed", reason="tool_error", connection=self._name, tool=exposed
+                ),
             )
         return output
 
@@ -501,7 +565,7 @@ class _Connection:
         """Await one request, bounded by the timeout; stop at once if the server refused the credentials."""
         if self._recorder.rejected.is_set():
             work.close()
-            raise McpConnectionError("authorization_required", connection=self._name, tool=tool)
+            raise self._failure(stage, "unauthorized", tool)
         task = asyncio.ensure_future(work)
         watchers = {
             asyncio.ensure_future(self._recorder.rejected.wait()),
@@ -517,30 +581,39 @@ class _Connection:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         if not finished:
-            raise McpConnectionError(self._unfinished_code(), connection=self._name, tool=tool)
+            raise self._failure(stage, self._unfinished_reason(), tool)
         if task.cancelled():
-            raise McpConnectionError("connection_failed", connection=self._name, tool=tool)
+            raise self._failure(stage, "connection_failed", tool)
         error = task.exception()
         if error is None:
             return task.result()
         logger.warning("A request to the %s connection failed.", self._name, exc_info=error)
-        raise McpConnectionError(self._failure_code(error, stage), connection=self._name, tool=tool) from None
+        raise self._failure(stage, self._failure_reason(error, stage), tool) from None
 
-    def _unfinished_code(self) -> McpErrorCode:
+    def _failure(
+        self, stage: Literal["connect", "call"], reason: McpErrorReason, tool: str | None
+    ) -> McpConnectionError:
+        if reason == "unauthorized":
+            code: McpErrorCode = "authorization_required"
+        else:
+            code = "discovery_failed" if stage == "connect" else "execution_failed"
+        return McpConnectionError(code, reason=reason, connection=self._name, tool=tool)
+
+    def _unfinished_reason(self) -> McpErrorReason:
         if self._recorder.rejected.is_set():
-            return "authorization_required"
+            return "unauthorized"
         return "connection_failed" if self._ended.is_set() else "timeout"
 
-    def _failure_code(self, error: BaseException, stage: str) -> McpErrorCode:
+    def _failure_reason(self, error: BaseException, stage: str) -> McpErrorReason:
         if self._recorder.rejected.is_set():
-            return "authorization_required"
+            return "unauthorized"
         if isinstance(error, httpx2.TimeoutException):
             return "timeout"
         if self._ended.is_set() or stage == "connect" or isinstance(error, httpx2.TransportError):
             return "connection_failed"
         if isinstance(error, MCPError) and error.code == mcp_types.CONNECTION_CLOSED:
             return "connection_failed"
-        return "execution_failed"
+        return "request_failed"
 
     async def close(self) -> None:
         """Exit the transport exactly once; a server that does not let go is cut off after the timeout."""
@@ -557,6 +630,11 @@ class _Connection:
         if not done:
             owner.cancel()
             await asyncio.gather(owner, return_exceptions=True)
+            logger.warning("The %s connection did not close in time; it was cut off.", self._name)
+            # Closing never raises (the turn is over): the application hears of it through on_error.
+            await _report(
+                self.definition, McpConnectionError("cleanup_failed", reason="timeout", connection=self._name)
+            )
 
 
 async def _wait_for(ready: asyncio.Future[ClientSession]) -> ClientSession:
@@ -593,26 +671,30 @@ async def _report(definition: McpConnectionDefinition[Any], error: McpConnection
         logger.warning("The on_error hook of the %s connection failed.", definition.name, exc_info=True)
 
 
-def _transport_problem(transport: Any) -> str | None:
+_Problem: TypeAlias = tuple[McpErrorReason, str]
+"""A failed configuration check: its reason and what to fix."""
+
+
+def _transport_problem(transport: Any) -> _Problem | None:
     if not isinstance(transport, McpTransport):
-        return "the transport must be an McpTransport."
+        return "invalid_transport", "the transport must be an McpTransport."
     if transport.type not in ("http", "sse"):
-        return "the transport type must be 'http' or 'sse'."
+        return "invalid_transport", "the transport type must be 'http' or 'sse'."
     try:
         parts = urlsplit(transport.url) if isinstance(transport.url, str) else None
     except ValueError:
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        return "the transport URL must be an http or https URL."
+        return "invalid_transport", "the transport URL must be an http or https URL."
     return _headers_problem(transport.headers)
 
 
-def _headers_problem(headers: Any) -> str | None:
+def _headers_problem(headers: Any) -> _Problem | None:
     if not isinstance(headers, Mapping):
-        return "headers must be a mapping of strings."
+        return "invalid_headers", "headers must be a mapping of strings."
     for key, value in headers.items():
         if not isinstance(key, str) or not isinstance(value, str) or "\n" in value or "\r" in value:
-            return "headers must be a mapping of strings."
+            return "invalid_headers", "headers must be a mapping of strings."
     return None
 
 
@@ -621,6 +703,7 @@ def _validate_all(definitions: Sequence[McpConnectionDefinition[Any]]) -> None:
     if isinstance(definitions, str | bytes) or not isinstance(definitions, Sequence):
         raise McpConnectionError(
             "configuration_error",
+            reason="invalid_definitions",
             connection=None,
             detail="definitions must be a list of McpConnectionDefinition.",
         )
@@ -630,23 +713,27 @@ def _validate_all(definitions: Sequence[McpConnectionDefinition[Any]]) -> None:
         if not isinstance(definition, McpConnectionDefinition):
             raise McpConnectionError(
                 "configuration_error",
+                reason="invalid_definitions",
                 connection=None,
                 detail="each definition must be an McpConnectionDefinition.",
             )
         problem = _definition_problem(definition)
         if problem is None and definition.name in names:
-            problem = "the connection name is used twice."
+            problem = "duplicate_name", "the connection name is used twice."
         if problem is not None:
+            reason, text = problem
             raise McpConnectionError(
                 "configuration_error",
+                reason=reason,
                 connection=_safe_name(definition.name),
-                detail=f"connection {_safe_name(definition.name)!r}: {problem}",
+                detail=f"connection {_safe_name(definition.name)!r}: {text}",
             )
         names.add(definition.name)
         for name in _predicted_names(definition):
             if name in exposed:
                 raise McpConnectionError(
                     "configuration_error",
+                    reason="duplicate_tool_name",
                     connection=definition.name,
                     tool=name,
                     detail=f"the tool name {name!r} is offered by {exposed[name]!r} and {definition.name!r}.",
@@ -654,51 +741,55 @@ def _validate_all(definitions: Sequence[McpConnectionDefinition[Any]]) -> None:
             exposed[name] = definition.name
 
 
-def _definition_problem(definition: McpConnectionDefinition[Any]) -> str | None:
-    if not isinstance(definition.name, str) or not _NAME.match(definition.name):
-        return "the name must be 1–64 letters, digits, underscores or hyphens."
-    if definition.namespace is not None and (
-        not isinstance(definition.namespace, str) or not _NAME.match(definition.namespace)
-    ):
-        return "the namespace must be 1–64 letters, digits, underscores or hyphens."
+def _definition_problem(definition: McpConnectionDefinition[Any]) -> _Problem | None:
+    if not _is_name(definition.name):
+        return "invalid_name", "the name must be 1–64 letters, digits, underscores or hyphens."
+    if definition.namespace is not None and not _is_name(definition.namespace):
+        return "invalid_namespace", "the namespace must be 1–64 letters, digits, underscores or hyphens."
     if isinstance(definition.transport, McpTransport):
         problem = _transport_problem(definition.transport)
         if problem is not None:
             return problem
     elif not callable(definition.transport):
-        return "the transport must be an McpTransport or an async function of the context."
+        return (
+            "invalid_transport",
+            "the transport must be an McpTransport or an async function of the context.",
+        )
     if definition.auth is not None and not callable(definition.auth):
-        return "auth must be an async function of the context."
+        return "invalid_auth", "auth must be an async function of the context."
     if definition.failure not in ("required", "optional"):
-        return "failure must be 'required' or 'optional'."
+        return "invalid_failure", "failure must be 'required' or 'optional'."
     if definition.on_error is not None and not callable(definition.on_error):
-        return "on_error must be a function."
+        return "invalid_on_error", "on_error must be a function."
     if not _is_positive_whole(definition.request_timeout_ms):
-        return "request_timeout_ms must be a positive whole number of milliseconds."
+        return "invalid_timeout", "request_timeout_ms must be a positive whole number of milliseconds."
     if not isinstance(definition.include_instructions, bool):
-        return "include_instructions must be True or False."
+        return "invalid_include_instructions", "include_instructions must be True or False."
     return _tool_names_problem(definition)
 
 
-def _tool_names_problem(definition: McpConnectionDefinition[Any]) -> str | None:
+def _tool_names_problem(definition: McpConnectionDefinition[Any]) -> _Problem | None:
     allowlist = definition.allowlist
     if allowlist is not None:
         if isinstance(allowlist, str) or not all(isinstance(item, str) and item for item in allowlist):
-            return "allowlist must be a list of tool names."
+            return "invalid_allowlist", "allowlist must be a list of tool names."
         if len(set(allowlist)) != len(allowlist):
-            return "allowlist names a tool twice."
+            return "invalid_allowlist", "allowlist names a tool twice."
     if not isinstance(definition.aliases, Mapping):
-        return "aliases must map remote tool names to exposed names."
+        return "invalid_alias", "aliases must map remote tool names to exposed names."
     for remote, alias in definition.aliases.items():
-        if not isinstance(remote, str) or not isinstance(alias, str) or not _TOOL_NAME.match(alias):
-            return "each alias must be 1–128 letters, digits, underscores or hyphens."
+        if not isinstance(remote, str) or not _is_tool_name(alias):
+            return "invalid_alias", "each alias must be 1–128 letters, digits, underscores or hyphens."
         if allowlist is not None and remote not in allowlist:
-            return f"the alias for {remote!r} names a tool outside the allowlist."
+            return "alias_outside_allowlist", f"the alias for {remote!r} names a tool outside the allowlist."
     if len(set(definition.aliases.values())) != len(definition.aliases):
-        return "two remote tools share one alias."
+        return "duplicate_alias", "two remote tools share one alias."
     for name in _predicted_names(definition):
-        if not _TOOL_NAME.match(name):
-            return f"the exposed tool name {name!r} is not 1–128 letters, digits, underscores or hyphens."
+        if not _is_tool_name(name):
+            return (
+                "invalid_tool_name",
+                f"the exposed tool name {name!r} is not 1–128 letters, digits, underscores or hyphens.",
+            )
     return None
 
 
@@ -716,5 +807,13 @@ def _is_positive_whole(value: object) -> bool:
     return math.isfinite(value) and float(value).is_integer() and value > 0
 
 
+def _is_name(name: object) -> bool:
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
+def _is_tool_name(name: object) -> bool:
+    return isinstance(name, str) and _TOOL_NAME.fullmatch(name) is not None
+
+
 def _safe_name(name: object) -> str | None:
-    return name if isinstance(name, str) and _NAME.match(name) else None
+    return name if isinstance(name, str) and _is_name(name) else None

@@ -44,7 +44,9 @@ class ToolPolicy(Generic[ContextT]):
     """What one tool may do for the current context. Every field is optional.
 
     - `visible(context)`: whether the model is offered the tool at all (synchronous).
-    - `can_execute(context, call)`: checked before every execution, again after an approval.
+    - `can_execute(context, call)`: checked before every execution (again after an approval), and once
+      more when the tool has returned: if it now refuses, the model is told `denied_output` instead of
+      the result (the UI still gets the result, as for stored history).
     - `needs_approval`: True, or a predicate; it can add a requirement but never remove the tool's own.
     - `model_output(output, context, call)`: the projection of a result the model may see; the full
       result stays for the authorized UI.
@@ -187,6 +189,7 @@ def guard_tool(item: Tool, policy: ToolPolicy[ContextT], context: ContextT) -> T
     own_approval = item.needs_approval
     own_projection = item.model_projection
     own_error_format = item.error_format
+    own_recheck = item.recheck_before_model
 
     async def needs_approval(call: ToolCall) -> bool:
         if await tool_requires_approval(replace(item, needs_approval=own_approval), call):
@@ -199,6 +202,12 @@ def guard_tool(item: Tool, policy: ToolPolicy[ContextT], context: ContextT) -> T
         if original_execute is None:
             raise RuntimeError(f"Tool {item.name!r} has no executor.")
         return await run_executor(original_execute, call)
+
+    async def recheck_before_model(call: ToolCall) -> ToolDenial | None:
+        """Permission revoked while the tool ran: the model is not told the result."""
+        if not await is_execution_allowed(policy, context, call):
+            return ToolDenial(copy.deepcopy(policy.denied_output))
+        return None if own_recheck is None else await own_recheck(call)
 
     def model_projection(output: Any, call: ToolCall) -> Any:
         projected = project_output(policy, output, context, call)
@@ -218,6 +227,9 @@ def guard_tool(item: Tool, policy: ToolPolicy[ContextT], context: ContextT) -> T
         else False,
         model_projection=model_projection,
         error_format=error_format,
+        recheck_before_model=recheck_before_model
+        if policy.can_execute is not None or own_recheck is not None
+        else None,
     )
 
 
@@ -226,11 +238,13 @@ def sanitize_tool_output(
     *,
     context: ContextT,
     policies: Mapping[str, ToolPolicy[ContextT]],
-    redact_unknown: bool = True,
+    unknown_output: Any = REDACTED_OUTPUT,
 ) -> dict[str, Any]:
-    """A stored tool part with its output projected for sharing; unknown or hidden tools are redacted.
+    """A stored tool part with its output projected for sharing.
 
-    Synchronous: it applies visibility and the output projection, not execution checks.
+    Synchronous: it applies visibility and the output projection, not execution checks. A hidden tool
+    gives its policy's `denied_output`; a tool missing from the map gives `unknown_output` (the
+    redaction unless given; None is kept as a null output).
     """
     sanitized = dict(part)
     if part.get("state") != "output-available":
@@ -238,11 +252,10 @@ def sanitize_tool_output(
     name = tool_part_name(part)
     policy = policies.get(name) if name is not None else None
     if name is None or policy is None:
-        if redact_unknown:
-            sanitized["output"] = dict(REDACTED_OUTPUT)
+        sanitized["output"] = copy.deepcopy(unknown_output)
         return sanitized
     if not is_visible(policy, context):
-        sanitized["output"] = dict(REDACTED_OUTPUT)
+        sanitized["output"] = copy.deepcopy(policy.denied_output)
         return sanitized
     sanitized["output"] = _unwrap(
         project_output(policy, part.get("output"), context, _stored_call(part, name))
@@ -255,12 +268,14 @@ async def sanitize_tool_output_for_model(
     *,
     context: ContextT,
     policies: Mapping[str, ToolPolicy[ContextT]],
+    unknown_output: Any = REDACTED_OUTPUT,
 ) -> dict[str, Any]:
     """A stored result as the model may see it now: current visibility and execution checks run again.
 
-    A tool that is hidden, refused, or no longer listed becomes a denial.
+    A tool that is hidden or refused becomes its policy's denial; one missing from the map gives
+    `unknown_output` (the redaction unless given; None is kept as a null output).
     """
-    sanitized, allowed = await _checked_again(part, context, policies)
+    sanitized, allowed = await _checked_again(part, context, policies, unknown_output)
     if allowed is not None and part.get("state") == "output-available":
         policy, call = allowed
         sanitized["output"] = _unwrap(project_output(policy, part.get("output"), context, call))
@@ -272,9 +287,13 @@ async def sanitize_tool_error_for_model(
     *,
     context: ContextT,
     policies: Mapping[str, ToolPolicy[ContextT]],
+    unknown_output: Any = REDACTED_OUTPUT,
 ) -> dict[str, Any]:
-    """A stored tool error as the model may see it now, with the current error formatter applied."""
-    sanitized, allowed = await _checked_again(part, context, policies)
+    """A stored tool error as the model may see it now, with the current error formatter applied.
+
+    Denied and missing tools are handled as by `sanitize_tool_output_for_model`.
+    """
+    sanitized, allowed = await _checked_again(part, context, policies, unknown_output)
     if allowed is not None and part.get("state") == "output-error":
         policy, call = allowed
         sanitized["errorText"] = format_error(policy, str(part.get("errorText", "")), context, call)
@@ -282,14 +301,17 @@ async def sanitize_tool_error_for_model(
 
 
 async def _checked_again(
-    part: Mapping[str, Any], context: ContextT, policies: Mapping[str, ToolPolicy[ContextT]]
+    part: Mapping[str, Any],
+    context: ContextT,
+    policies: Mapping[str, ToolPolicy[ContextT]],
+    unknown_output: Any,
 ) -> tuple[dict[str, Any], tuple[ToolPolicy[ContextT], ToolCall] | None]:
     """A copy of the part, and its policy and call if today's checks still allow it (else a denial)."""
     name = tool_part_name(part)
     policy = policies.get(name) if name is not None else None
     sanitized = dict(part)
     if name is None or policy is None:
-        return _as_denied(sanitized, DEFAULT_DENIED_OUTPUT), None
+        return _as_denied(sanitized, unknown_output), None
     call = _stored_call(part, name)
     if not is_visible(policy, context) or not await is_execution_allowed(policy, context, call):
         return _as_denied(sanitized, policy.denied_output), None

@@ -42,6 +42,8 @@ UI_MESSAGE_STREAM_HEADERS: Final[Mapping[str, str]] = {
     "cache-control": "no-cache",
     "x-vercel-ai-ui-message-stream": "v1",
     "x-accel-buffering": "no",
+    # Already "encoded": compressing middleware and proxies pass the stream through instead of buffering it.
+    "content-encoding": "none",
 }
 
 StreamStatus = Literal["completed", "failed", "cancelled"]

@@ -12,6 +12,7 @@ import hashlib
 import inspect
 import re
 import sys
+from collections import OrderedDict
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
@@ -120,10 +121,12 @@ class Tool:
 
     `execute` is None for tools that the provider runs (`native`) or that the client answers. `dynamic`
     marks tools whose set is only known at run time (MCP); the UI stream names them `dynamic-tool`.
-    `to_model_output` converts a result for the model; `model_projection` and `error_format` are set by
-    permission policies (`with_tool_policy`) and run before it. `idempotent` declares that running the
-    call again under the same `ToolCall.operation_key` has no further effect, so an operation whose
-    outcome is uncertain (its process died, or it raised) runs again instead of being refused.
+    `to_model_output` converts a result for the model; `model_projection`, `error_format` and
+    `recheck_before_model` are set by permission policies (`with_tool_policy`): the last runs once the
+    executor has returned, and a denial it gives replaces what the model is told about the result.
+    `idempotent` declares that running the call again under the same `ToolCall.operation_key` has no
+    further effect, so an operation whose outcome is uncertain (its process died, or it raised) runs
+    again instead of being refused.
     """
 
     name: str
@@ -139,6 +142,7 @@ class Tool:
     model_projection: Callable[[Any, ToolCall], Any] | None = None
     error_format: Callable[[str, ToolCall], str] | None = None
     idempotent: bool = False
+    recheck_before_model: Callable[[ToolCall], Awaitable[ToolDenial | None]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _TOOL_NAME.fullmatch(self.name):
@@ -269,36 +273,66 @@ def _keep_raw_if_valid(validate: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 _Signature: TypeAlias = tuple[pydantic.TypeAdapter[Any], str | None, dict[str, Any]]
-_signatures: dict[tuple[object, ...], _Signature] = {}
+_signatures: OrderedDict[tuple[object, ...], _Signature] = OrderedDict()
+_SIGNATURE_CACHE_SIZE = 4096
+_PLAIN_DEFAULTS = (type(None), bool, int, float, str, bytes)
 
 
 def _signature_of(fn: Callable[..., Any], defined_in: FrameType) -> _Signature:
     """The input validator, `ToolCall` parameter and schema of a tool function.
 
     Tool factories run every turn and define their tools again as closures; building a pydantic model
-    each time costs milliseconds, so the result is kept per code object and defaults. `defined_in` is
-    the frame that applied `@tool`: its local names resolve annotations postponed by
-    `from __future__ import annotations`, such as a model class defined in the same function.
+    each time costs milliseconds, so the result is kept per code object, resolved annotations and
+    defaults, compared with their types (so `True` and `1` are different defaults). Closures of one
+    factory whose annotations or defaults differ (a `Literal` of the caller's own choices) each get
+    their own. `defined_in` is the frame that applied `@tool`: its local names resolve annotations
+    postponed by `from __future__ import annotations`, such as a model class defined in the same
+    function.
     """
-    code = getattr(fn, "__code__", None)
-    key = (code, fn.__defaults__, tuple(sorted((fn.__kwdefaults__ or {}).items()))) if code else None
-    try:
-        cached = _signatures.get(key) if key is not None else None
-    except TypeError:  # unhashable defaults: build afresh
-        key, cached = None, None
-    if cached is not None:
-        return cached
-    model, call_parameter = _input_model(fn, _type_hints(fn, defined_in))
+    hints = _type_hints(fn, defined_in)
+    key = _signature_key(fn, hints)
+    if key is not None and key in _signatures:
+        _signatures.move_to_end(key)
+        return _signatures[key]
+    model, call_parameter = _input_model(fn, hints)
     adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(model)
     schema = adapter.json_schema()
     schema.pop("title", None)
     signature = (adapter, call_parameter, schema)
-    if key is not None and len(_signatures) < _SIGNATURE_CACHE_SIZE:
+    if key is not None:
         _signatures[key] = signature
+        if len(_signatures) > _SIGNATURE_CACHE_SIZE:
+            _signatures.popitem(last=False)
     return signature
 
 
-_SIGNATURE_CACHE_SIZE = 4096
+def _signature_key(fn: Callable[..., Any], hints: dict[str, Any]) -> tuple[object, ...] | None:
+    """What decides a tool function's schema, as a cache key; None when it cannot be compared safely."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    try:
+        defaults = tuple(_typed(value) for value in fn.__defaults__ or ())
+        kwdefaults = tuple(sorted((name, _typed(value)) for name, value in (fn.__kwdefaults__ or {}).items()))
+        key = (code, defaults, kwdefaults, tuple(sorted(hints.items())))
+        hash(key)
+    except (TypeError, _Uncomparable):
+        return None
+    return key
+
+
+class _Uncomparable(Exception):
+    """A default that is not a plain value: the schema is built afresh rather than risk sharing it."""
+
+
+def _typed(value: object) -> object:
+    if isinstance(value, tuple):
+        return (tuple, tuple(_typed(item) for item in value))
+    if isinstance(value, frozenset):
+        return (frozenset, frozenset(_typed(item) for item in value))
+    if type(value) in _PLAIN_DEFAULTS:
+        return (type(value), value)
+    raise _Uncomparable
 
 
 def _type_hints(fn: Callable[..., Any], defined_in: FrameType) -> dict[str, Any]:

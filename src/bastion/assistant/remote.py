@@ -201,7 +201,7 @@ def remote_tools(
 
 
 def _client_error(error: McpConnectionError) -> BastionError:
-    if error.code in ("authorization_required", "authorization_failed"):
+    if error.code == "authorization_required":
         return ConnectionNeedsAuthorizationError(str(error))
     return ConnectionFailedError(str(error))
 
