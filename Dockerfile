@@ -6,7 +6,7 @@ FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md ./
 COPY src ./src
-RUN pip install --no-cache-dir -c constraints.txt .
+RUN pip install --no-cache-dir -c constraints.txt '.[assistant]'
 ENV BASTION_HOST=0.0.0.0 \
     BASTION_PORT=8000 \
     BASTION_DATA_DIR=/data

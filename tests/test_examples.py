@@ -10,6 +10,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import mypy.api
+from pydantic_ai.models import Model
+
 from tests.scripted import Call, ScriptedModel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,15 +45,36 @@ async def test_the_account_example_offers_only_its_listed_tools() -> None:
     await session.close()
 
 
-async def test_the_readme_code_runs() -> None:
+def readme_module() -> str:
+    """The README's Python: the first block as a module, the others as the body of one typed turn."""
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
     assert len(blocks) >= 2
-    model = ScriptedModel([Call("get_identity", {})], ["You are user-1."])
-    namespace: dict[str, Any] = {"model": model}
-    exec(blocks[0], namespace)
     body = textwrap.indent("\n".join(blocks[1:]), "    ")
-    exec(f"async def _readme_turn():\n{body}\n    return chunks\n", namespace)
-    chunks = await namespace["_readme_turn"]()
+    return (
+        f"{blocks[0]}\n\n"
+        "async def _readme_turn(model: Model) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:\n"
+        f"{body}\n    return chunks, messages\n"
+    )
+
+
+async def test_the_readme_code_runs() -> None:
+    model = ScriptedModel([Call("get_identity", {})], ["You are user-1."])
+    namespace: dict[str, Any] = {"Any": Any, "Model": Model}
+    exec(readme_module(), namespace)
+    chunks, messages = await namespace["_readme_turn"](model)
     [output] = [chunk["output"] for chunk in chunks if chunk["type"] == "tool-output-available"]
     assert output == {"user_id": "user-1"}
+    assert [message["role"] for message in messages] == ["user", "assistant"]
+    [part] = [part for part in messages[1]["parts"] if part["type"] == "tool-get_identity"]
+    assert part["output"] == {"user_id": "user-1"}
+
+
+def test_the_readme_code_passes_mypy_strict(tmp_path: Path) -> None:
+    source = tmp_path / "readme_code.py"
+    source.write_text(f"from typing import Any\n\nfrom pydantic_ai.models import Model\n\n{readme_module()}")
+    # The project's settings and cache: the lint step has already checked bastion itself.
+    stdout, stderr, status = mypy.api.run(
+        ["--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(ROOT / ".mypy_cache"), str(source)]
+    )
+    assert status == 0, stdout + stderr

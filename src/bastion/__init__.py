@@ -4,7 +4,9 @@ This module is the public API; every other module's names are private unless re-
 """
 
 from bastion._cancel import AgentCancelledError
+from bastion._extras import MissingExtraError
 from bastion._loop import AgentStreamResult, ExecuteToolHook
+from bastion._ui_assembly import InvalidUIMessageChunkError, assemble_ui_messages
 from bastion.agent import Agent, AgentSession, AgentSessionClosedError, AgentTools, define_agent
 from bastion.approvals import AgentApprovalAuthorizationError, ApprovalDecision
 from bastion.errors import BastionError, ToolError
@@ -60,6 +62,8 @@ __all__ = [
     "CallOrigin",
     "DuplicateToolNameError",
     "ExecuteToolHook",
+    "InvalidUIMessageChunkError",
+    "MissingExtraError",
     "RunInput",
     "RunOutcome",
     "RunStart",
@@ -75,6 +79,7 @@ __all__ = [
     "ToolOperation",
     "ToolPolicy",
     "__version__",
+    "assemble_ui_messages",
     "compose_tools",
     "create_skill_catalog",
     "define_agent",

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -675,3 +676,43 @@ def fix_json(text: str) -> str:
             if literal is not None:
                 result += literal[len(partial) :]
     return result
+
+
+# --- the public entry point ---
+
+_METADATA_CHUNKS: Final = frozenset({"start", "finish", "message-metadata"})
+
+
+def assemble_ui_messages(
+    chunks: Iterable[Mapping[str, Any]],
+    messages: Sequence[Mapping[str, Any]] = (),
+    *,
+    message_id: str | None = None,
+) -> list[UIMessage]:
+    """The conversation after one streamed response, as the AI SDK client (`useChat`) holds it.
+
+    `messages` is the history the turn ran on (`AgentRun.messages`), `chunks` the response's UI message
+    chunks: what `AgentSession.stream` yields, or what the HTTP stream carried (`start`, `finish` and
+    `message-metadata` chunks set the message's id and merge its metadata). When the history ends
+    with an assistant message (a continuation after an approval) that message is continued, with its
+    id; otherwise a new assistant message is appended, with the `start` chunk's `messageId`, else
+    `message_id`, else a random id. Neither argument is modified. Raises `InvalidUIMessageChunkError`
+    for a chunk the client would refuse; an `error` or `abort` chunk leaves the message as it is.
+    """
+    history: list[UIMessage] = [to_client_json(dict(message))[1] for message in messages]
+    continued = bool(history) and history[-1].get("role") == "assistant"
+    message: UIMessage = (
+        history.pop() if continued else {"id": message_id or uuid.uuid4().hex, "role": "assistant"}
+    )
+    message.setdefault("parts", [])
+    assembler = UIMessageAssembler(message)
+    for chunk in chunks:
+        value = to_client_json(dict(chunk))[1]
+        kind = value.get("type")
+        if kind in _METADATA_CHUNKS:
+            if kind == "start" and isinstance(value.get("messageId"), str) and value["messageId"]:
+                message["id"] = value["messageId"]
+            assembler.apply_metadata(value.get("messageMetadata"))
+        elif kind not in ("error", "abort"):
+            assembler.apply(value)
+    return [*history, assembler.assembled_message()]

@@ -16,10 +16,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar
 
-from pydantic_ai.models import KnownModelName, Model, infer_model
+from pydantic_ai.models import KnownModelName, Model
 from pydantic_ai.settings import ModelSettings
 
 from bastion._cancel import AgentCancelledError
+from bastion._extras import infer_model
 from bastion._loop import AgentStreamResult, ExecuteToolHook, TurnPlan
 from bastion._ui_messages import UIMessage, to_model_messages
 from bastion.policies import (

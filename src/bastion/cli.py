@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bastion import __version__
+from bastion import MissingExtraError, __version__
 
 if TYPE_CHECKING:
     from bastion.assistant.config import AssistantConfig
@@ -27,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     token.add_argument("user", help="a user name (letters, digits, dots, dashes, underscores)")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1, or BASTION_HOST)")
     serve.add_argument("--port", type=int, help="port to listen on (default 8000, or BASTION_PORT)")
+    migrate.add_argument(
+        "--grant-app-role",
+        action="store_true",
+        help="also let the role of BASTION_APP_DATABASE_URL act as users (embedded: bastion_app, created)",
+    )
     for command in (serve, migrate, token):
         command.add_argument(
             "--data-dir", type=Path, help="where local state lives (default .bastion, or BASTION_DATA_DIR)"
@@ -36,9 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    from bastion.assistant.config import AssistantConfig
-    from bastion.assistant.server import STARTUP_ERRORS, fail
-
+    try:
+        from bastion.assistant.config import AssistantConfig
+        from bastion.assistant.server import STARTUP_ERRORS, fail
+    except MissingExtraError as error:
+        print(f"bastion: {error}", file=sys.stderr)
+        return 2
     try:
         config = AssistantConfig.from_env(
             host=getattr(args, "host", None), port=getattr(args, "port", None), data_dir=args.data_dir
@@ -46,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(config)
         if args.command == "migrate":
-            return asyncio.run(_migrate(config))
+            return asyncio.run(_migrate(config, grant_app_role=args.grant_app_role))
         return _token(config, args.user)
     except STARTUP_ERRORS as error:
         return fail(error)
@@ -66,16 +74,25 @@ def _serve(config: AssistantConfig) -> int:
     return 0
 
 
-async def _migrate(config: AssistantConfig) -> int:
-    from bastion.assistant.database import migrate, open_database
+async def _migrate(config: AssistantConfig, *, grant_app_role: bool) -> int:
+    from bastion.assistant.database import grant_app_role_of, migrate, open_database
 
     _progress("Connecting to DATABASE_URL…" if config.database_url else "Starting the embedded database…")
-    database = await open_database(database_url=config.database_url, data_dir=config.data_dir)
+    database = await open_database(
+        database_url=config.database_url, app_database_url=config.app_database_url, data_dir=config.data_dir
+    )
     try:
-        applied = await migrate(database)
+        applied = await migrate(database, grant_app_role=False)
+        _progress(f"applied {', '.join(applied)}." if applied else "the database is up to date.")
+        if grant_app_role:
+            role = await grant_app_role_of(database)
+            _progress(
+                f"the role {role} may act as users and write turns."
+                if role
+                else "the application connects as the database owner; it may write turns."
+            )
     finally:
         database.close()
-    _progress(f"applied {', '.join(applied)}." if applied else "the database is up to date.")
     return 0
 
 

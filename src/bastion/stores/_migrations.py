@@ -11,9 +11,12 @@ import hashlib
 import re
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-import psycopg
+from bastion._extras import missing_extra
+
+if TYPE_CHECKING:
+    import psycopg
 
 __all__ = [
     "Migration",
@@ -90,7 +93,7 @@ async def apply_migrations(conninfo: str, *, upto: int | None = None) -> list[in
     `postgres` on Supabase), never as the application's role.
     """
     migrations = [m for m in available_migrations() if upto is None or m.version <= upto]
-    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn, conn.transaction():
+    async with await _connect(conninfo) as conn, conn.transaction():
         await conn.execute("select pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         await conn.execute(_BOOTSTRAP)
         return await _apply(conn, migrations, component=None)
@@ -106,10 +109,19 @@ async def apply_application_migrations(
     """
     if not _COMPONENT.fullmatch(component) or component == "bastion":
         raise ValueError("A migration component is a short lower-case name other than 'bastion'.")
-    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn, conn.transaction():
+    async with await _connect(conninfo) as conn, conn.transaction():
         await conn.execute("select pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         await conn.execute(_BOOTSTRAP)
         return await _apply(conn, migrations, component=component)
+
+
+async def _connect(conninfo: str) -> psycopg.AsyncConnection[Any]:
+    """An autocommit connection; applying migrations is the one part of this module that needs psycopg."""
+    try:
+        import psycopg
+    except ImportError as error:
+        raise missing_extra("Applying migrations to Postgres", "postgres", error) from error
+    return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
 
 
 async def _apply(

@@ -24,11 +24,17 @@ from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Final, TypeAlias
 
-import psycopg
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from psycopg.rows import TupleRow
-from psycopg_pool import AsyncConnectionPool
+
+from bastion._extras import missing_extra
+
+try:
+    import psycopg
+    from psycopg.rows import TupleRow
+    from psycopg_pool import AsyncConnectionPool
+except ImportError as error:
+    raise missing_extra("bastion.stores.credentials", "postgres", error) from error
 
 from bastion.credentials import (
     CredentialForbiddenError,

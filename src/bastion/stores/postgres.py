@@ -21,11 +21,16 @@ from contextlib import asynccontextmanager, contextmanager
 from types import TracebackType
 from typing import Any, Final, Self, TypeAlias
 
-import psycopg
-from psycopg.pq import TransactionStatus
-from psycopg.rows import TupleRow
-from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
+from bastion._extras import missing_extra
+
+try:
+    import psycopg
+    from psycopg.pq import TransactionStatus
+    from psycopg.rows import TupleRow
+    from psycopg.types.json import Jsonb
+    from psycopg_pool import AsyncConnectionPool
+except ImportError as error:
+    raise missing_extra("bastion.stores.PostgresStore", "postgres", error) from error
 
 from bastion.approvals import CanRespondToApproval
 from bastion.history import AgentHistoryConflictError, reconcile_agent_messages
