@@ -153,9 +153,6 @@ async def test_a_provider_that_reuses_call_0_every_turn_gets_each_call_run(
     assert executed == ["hi", "bye"]
 
 
-# Operation claims are keyed by the tool-call id today, so the second turn's `call_0` is refused as a
-# mismatch of the first; the claims work keys them by turn. Remove the marker when that lands.
-@pytest.mark.xfail(strict=True, reason="claims are keyed by tool-call id until the claim-key fix lands")
 @pytest.mark.parametrize("provider", ["openai-chat"])
 async def test_a_provider_that_reuses_call_0_every_turn_gets_each_call_run_and_persisted(
     provider_state: tuple[Fake, str], provider: str, tmp_path: Path
