@@ -184,6 +184,100 @@ async def test_upgrade_migration_backfills_owner_and_tenant_of_existing_messages
         assert [m.id for m in await store.list_messages(owner, conversation_id)] == ["u1", "a1"]
 
 
+async def test_upgrade_migration_keys_existing_operations_so_only_an_approved_call_is_found_again(
+    pg_cluster: PostgresCluster,
+) -> None:
+    name = pg_cluster.database()
+    dsn = pg_cluster.dsn(name)
+    assert await apply_migrations(dsn, upto=5) == [1, 2, 3, 4, 5]
+    pg_cluster.create_login_roles()
+    owner = identity()
+    conversation_id, run_id = str(uuid.uuid4()), str(uuid.uuid4())
+    approved = {
+        "id": "a1",
+        "role": "assistant",
+        "parts": [
+            {
+                "type": "tool-lookup",
+                "toolCallId": "call_9",
+                "state": "output-available",
+                "input": {},
+                "output": 1,
+            },
+            {
+                "type": "tool-delete_file",
+                "toolCallId": "call_0",
+                "state": "output-available",
+                "input": {"path": "/x"},
+                "output": "deleted",
+                "approval": {"id": "ap-1", "approved": True},
+            },
+        ],
+    }
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "insert into bastion.conversations (id, owner_id) values (%s, %s)",
+            (conversation_id, owner.user_id),
+        )
+        for seq, message in enumerate([user_message("u1"), approved], start=1):
+            await conn.execute(
+                "insert into bastion.messages (conversation_id, seq, id, role, message, owner_id) "
+                "values (%s, %s, %s, %s, %s, %s)",
+                (conversation_id, seq, message["id"], message["role"], json.dumps(message), owner.user_id),
+            )
+        await conn.execute(
+            "insert into bastion.runs (id, conversation_id, owner_id, request_id, status, lease_expires_at) "
+            "values (%s, %s, %s, 'r1', 'completed', now())",
+            (run_id, conversation_id, owner.user_id),
+        )
+        for call, tool_name, tool_input, output in (
+            ("call_0", "delete_file", {"path": "/x"}, "deleted"),
+            ("call_9", "lookup", {}, 1),
+        ):
+            await conn.execute(
+                "insert into bastion.tool_executions (conversation_id, tool_call_id, run_id, owner_id, "
+                "tool_name, "
+                "input, status, output) values (%s, %s, %s, %s, %s, %s, 'completed', %s)",
+                (
+                    conversation_id,
+                    call,
+                    run_id,
+                    owner.user_id,
+                    tool_name,
+                    json.dumps(tool_input),
+                    json.dumps(output),
+                ),
+            )
+
+    assert await apply_migrations(dsn) == SHIPPED[5:]
+
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cursor = await conn.execute(
+            "select tool_call_id, operation_key from bastion.tool_executions where conversation_id = %s "
+            "order by tool_call_id",
+            (conversation_id,),
+        )
+        assert await cursor.fetchall() == [("call_0", "approval/ap-1"), ("call_9", "legacy/call_9")]
+    async with await PostgresStore.open(pg_cluster.dsn(name, user="bastion_app")) as store:
+        persistence = store.persistence()
+        ctx = context(owner, conversation_id)
+        start = await persistence.start_run(ctx, RunInput(messages=[user_message("u2")], trigger=SUBMIT))
+        calls: list[int] = []
+        retried = op(
+            _returns("again", calls),
+            call="call_0",
+            name="delete_file",
+            input={"path": "/x"},
+            key="approval/ap-1",
+        )
+        assert await persistence.execute_tool(ctx, start.state, retried) == "deleted"
+        fresh = op(
+            _returns(2, calls), call="call_9", name="lookup", input={}, key=f"{start.state.run_id}/0.0/call_9"
+        )
+        assert await persistence.execute_tool(ctx, start.state, fresh) == 2
+        assert calls == [1]
+
+
 async def test_every_table_has_row_level_security_enabled_and_forced(
     migrated_database: MigratedDatabase,
 ) -> None:

@@ -4,6 +4,7 @@ Postgres is tested in `test_store_conformance.py`."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import uuid
 from pathlib import Path
@@ -55,6 +56,62 @@ async def test_a_failing_migration_leaves_the_database_as_it_was(
     with sqlite3.connect(path) as conn:
         tables = {row[0] for row in conn.execute("select name from sqlite_master where type = 'table'")}
     assert not tables & {"bastion_conversations", "bastion_extra", "bastion_migrations"}
+
+
+async def test_upgrade_migration_keys_existing_operations_so_only_an_approved_call_is_found_again(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "db.sqlite3"
+    owner = identity()
+    async with await SqliteStore.open(path) as store:
+        assert await store.migrate(upto=1) == [1]
+        conversation = await store.create_conversation(owner)
+    approved = {
+        "id": "a1",
+        "role": "assistant",
+        "parts": [
+            {
+                "type": "tool-delete_file",
+                "toolCallId": "call_0",
+                "state": "output-available",
+                "input": {"path": "/x"},
+                "output": "deleted",
+                "approval": {"id": "ap-1", "approved": True},
+            },
+            {
+                "type": "tool-lookup",
+                "toolCallId": "call_9",
+                "state": "output-available",
+                "input": {},
+                "output": 1,
+            },
+        ],
+    }
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "insert into bastion_messages (conversation_id, owner_id, seq, id, role, message, created_at) "
+            "values (?, ?, 1, 'a1', 'assistant', ?, 0)",
+            (conversation.id, owner.user_id, json.dumps(approved)),
+        )
+        conn.execute(
+            "insert into bastion_runs (id, conversation_id, owner_id, request_id, status, lease_expires_at, "
+            "started_at) values ('run-1', ?, ?, 'r1', 'completed', 0, 0)",
+            (conversation.id, owner.user_id),
+        )
+        for call, name, output in (("call_0", "delete_file", '"deleted"'), ("call_9", "lookup", "1")):
+            conn.execute(
+                "insert into bastion_tool_executions (conversation_id, tool_call_id, run_id, owner_id, "
+                "tool_name, "
+                "input, status, output, started_at) values (?, ?, 'run-1', ?, ?, '{}', 'completed', ?, 0)",
+                (conversation.id, call, owner.user_id, name, output),
+            )
+    async with await SqliteStore.open(path) as store:
+        assert await store.migrate() == [2]
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(
+            "select tool_call_id, operation_key, output from bastion_tool_executions order by tool_call_id"
+        ).fetchall()
+    assert rows == [("call_0", "approval/ap-1", '"deleted"'), ("call_9", "legacy/call_9", "1")]
 
 
 async def test_conversations_survive_closing_and_reopening_the_file(tmp_path: Path) -> None:

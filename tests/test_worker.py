@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from bastion.auth import SupabaseEnv, TokenVerifier
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError
+from bastion.stores import ConversationBusyError, TurnConflictError
 from bastion.worker import RequestContext, RequestFailure, Route, create_agent_worker
 from tests.live_server import live_server
 from tests.supabase_tokens import JwksHost, SigningKeys, es256, user_claims
@@ -573,3 +574,27 @@ async def test_an_error_that_names_a_field_sends_it() -> None:
         "message": "messages[0].role must be 'user' or 'assistant'.",
         "field": "messages[0].role",
     }
+
+
+async def test_a_busy_conversation_is_a_409_that_says_when_to_retry() -> None:
+    async def busy(request: Request, context: RequestContext) -> Response:
+        raise ConversationBusyError(retry_after=7.2)
+
+    async def changed(request: Request, context: RequestContext) -> Response:
+        raise TurnConflictError()
+
+    app = create_agent_worker(
+        env=SupabaseEnv(url="https://project-ref.supabase.co", jwks={"keys": []}, jwt_secret="x" * 32),
+        routes=[
+            Route(method="GET", path="/busy", auth="none", handler=busy),
+            Route(method="GET", path="/changed", auth="none", handler=changed),
+        ],
+    )
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test") as client:
+        response = await client.get("/busy")
+        stale = await client.get("/changed")
+    assert response.status_code == 409
+    assert response.headers["retry-after"] == "8"
+    assert response.json()["code"] == "turn_conflict"
+    assert stale.status_code == 409
+    assert "retry-after" not in stale.headers
