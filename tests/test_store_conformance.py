@@ -13,7 +13,8 @@ import asyncio
 import copy
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeAlias
 
 import pytest
@@ -24,6 +25,7 @@ from bastion.approvals import AgentApprovalAuthorizationError
 from bastion.history import AgentHistoryConflictError
 from bastion.persistence import AgentRunInactiveError, RunInput, RunOutcome, RunStart, ToolOperation
 from bastion.stores import (
+    ConversationBusyError,
     InvalidInputError,
     NotFoundError,
     PostgresAgentPersistence,
@@ -38,6 +40,7 @@ from bastion.stores import (
     TurnContext,
     TurnState,
 )
+from tests.conftest import MigratedDatabase
 from tests.scripted import Call, ScriptedModel
 
 Store: TypeAlias = PostgresStore | SqliteStore
@@ -51,6 +54,34 @@ def store(request: pytest.FixtureRequest) -> Store:
     """Each store in turn (the conftest fixtures open them)."""
     opened: Store = request.getfixturevalue(f"{request.param}_store")
     return opened
+
+
+OpenStore: TypeAlias = Callable[[], Awaitable[Store]]
+
+
+@pytest.fixture
+def another_process(store: Store, request: pytest.FixtureRequest, tmp_path: Path) -> OpenStore:
+    """Opens the same database as `store` as another worker would: its own store, its own worker key."""
+    if isinstance(store, PostgresStore):
+        database: MigratedDatabase = request.getfixturevalue("migrated_database")
+        return lambda: PostgresStore.open(database.app_dsn, min_size=1, max_size=2)
+    return lambda: SqliteStore.open(tmp_path / "bastion.sqlite3")
+
+
+async def lease_of(store: Store, who: StoreIdentity, run_id: str) -> float:
+    """When the run's lease ends, in seconds since the epoch, as its owner reads it."""
+    if isinstance(store, PostgresStore):
+        async with store.transaction(who) as conn:
+            cursor = await conn.execute(
+                "select extract(epoch from lease_expires_at)::float8 from bastion.runs where id = %s",
+                (run_id,),
+            )
+            row = await cursor.fetchone()
+        assert row is not None
+        return float(row[0])
+    query = "select lease_expires_at from bastion_runs where id = ?"
+    micros = await store._run(lambda conn: conn.execute(query, (run_id,)).fetchone()[0], write=False)
+    return float(micros) / 1_000_000
 
 
 def identity(tenant: str | None = None) -> StoreIdentity:
@@ -452,6 +483,95 @@ async def test_an_expired_run_is_replaced_recorded_as_interrupted_and_its_late_f
         ("run.interrupted", first.state.run_id),
         ("run.completed", replacement.state.run_id),
     ]
+
+
+async def test_a_run_of_a_worker_that_ended_is_replaced_at_once_and_a_live_ones_is_busy_with_retry_after(
+    store: Store, another_process: OpenStore
+) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    elsewhere = await another_process()
+    holder = elsewhere.persistence(lease_seconds=600)
+    held = await holder.start_run(
+        context(alice, conversation.id), RunInput(messages=[user_message("u1")], trigger=SUBMIT)
+    )
+    with pytest.raises(ConversationBusyError) as busy:
+        await turn(store.persistence(), alice, conversation.id, [user_message("u1")])
+    assert busy.value.code == "turn_conflict" and busy.value.status == 409
+    assert 500 <= busy.value.retry_after <= 600
+    assert busy.value.headers == {"Retry-After": str(busy.value.retry_after)}
+    await elsewhere.close()  # the worker is gone; its lease has ten minutes left
+    replacement = await turn(
+        store.persistence(), alice, conversation.id, [user_message("u1")], response=assistant_message("a1")
+    )
+    assert [m["id"] for m in await stored(store, alice, conversation.id)] == ["u1", "a1"]
+    events = await store.list_events(alice, conversation.id)
+    assert [(e.type, e.run_id) for e in events if e.type != "run.started"] == [
+        ("run.interrupted", held.state.run_id),
+        ("run.completed", replacement.state.run_id),
+    ]
+
+
+async def test_a_call_left_in_flight_by_a_worker_that_ended_is_uncertain_at_once(
+    store: Store, another_process: OpenStore
+) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    elsewhere = await another_process()
+    holder = elsewhere.persistence(lease_seconds=600)
+    ctx = context(alice, conversation.id)
+    held = await holder.start_run(ctx, RunInput(messages=[user_message("u1")], trigger=SUBMIT))
+    running = asyncio.Event()
+
+    async def hangs() -> None:
+        running.set()
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(holder.execute_tool(ctx, held.state, op(hangs)))
+    await running.wait()
+    with pytest.raises(ToolOperationConflictError):  # its worker is alive: the call is still running
+        await store.persistence().execute_tool(ctx, another_worker(held.state), op(_returns("again")))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await elsewhere.close()
+    persistence = store.persistence()
+    next_context = context(alice, conversation.id)
+    start = await persistence.start_run(next_context, RunInput(messages=[user_message("u1")], trigger=SUBMIT))
+    with pytest.raises(ToolOperationUncertainError):
+        await persistence.execute_tool(next_context, start.state, op(_returns("again")))
+    calls: list[int] = []
+    assert (
+        await persistence.execute_tool(next_context, start.state, op(_returns("ok", calls), idempotent=True))
+        == "ok"
+    )
+    assert calls == [1]
+
+
+async def test_a_live_run_keeps_renewing_its_short_lease_until_it_finishes(store: Store) -> None:
+    alice = identity()
+    conversation = await store.create_conversation(alice)
+    persistence = store.persistence(lease_seconds=1.5)
+    ctx = context(alice, conversation.id)
+    start = await persistence.start_run(ctx, RunInput(messages=[user_message("u1")], trigger=SUBMIT))
+    keeper = store._leases
+    renewals: list[list[str]] = []
+    renewed = asyncio.Event()
+    renew = keeper._renew
+
+    async def counting(run_ids: list[str], lease: float) -> None:
+        await renew(run_ids, lease)
+        renewals.append(run_ids)
+        if len(renewals) >= 2:
+            renewed.set()
+
+    keeper._renew = counting
+    first = await lease_of(store, alice, start.state.run_id)
+    await asyncio.wait_for(renewed.wait(), timeout=30)
+    assert await lease_of(store, alice, start.state.run_id) > first
+    assert all(run_ids == [start.state.run_id] for run_ids in renewals)
+    await persistence.finish_run(ctx, start.state, RunOutcome(status="completed"))
+    assert start.state.run_id not in keeper.held
 
 
 async def test_finishing_twice_saves_once(store: Store) -> None:

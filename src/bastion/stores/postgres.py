@@ -17,7 +17,7 @@ import asyncio
 import inspect
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from types import TracebackType
 from typing import Any, Final, Self, TypeAlias
 
@@ -196,6 +196,9 @@ class PostgresStore:
         await self._leases.close()
         liveness, self._liveness = self._liveness, None
         if liveness is not None:
+            # Released before the connection goes, so the lock is free when `close` returns.
+            with suppress(psycopg.Error):
+                await liveness.execute("select pg_advisory_unlock_all()")
             await liveness.close()
         if self._owns_pool:
             await self._pool.close()
