@@ -27,6 +27,8 @@ from bastion.assistant.server import running_assistant
 from bastion.stores import PostgresStore, StoreIdentity, apply_migrations
 from bastion.worker import Route
 from tests.ai_sdk import ai_sdk_dir, approve, run_chat, send
+from tests.fake_openai import fake_openai
+from tests.live_server import live_server
 from tests.mcp_servers import Behavior, serve_mcp
 from tests.pg import PostgresCluster
 
@@ -342,6 +344,50 @@ async def test_the_ai_sdk_client_approves_a_note_and_the_stored_history_matches(
     )
     assert rest.json()["events"] == events[3:]
     assert "the launch is on Friday" not in json.dumps(events)
+
+
+async def test_a_provider_that_names_every_call_call_0_lists_and_saves_each_time(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    """The review's reproduction: a second `list_notes` saw the first one's stored (empty) output and
+    a later approved `save_note` failed as `operation_mismatch`, because every call was `call_0`."""
+    with live_server(fake_openai()) as provider:
+        settings = {"model": "fake", "model_base_url": f"{provider}/v1"}
+        async with serve_assistant(pg_cluster, tmp_path, **settings) as served:
+            headers = await served.sign_in("grace")
+            actions = [
+                send("remember that the launch is on Friday"),
+                approve(True),
+                send("show my notes"),
+                send("remember that the review is on Monday"),
+                approve(True),
+                send("show my notes"),
+            ]
+            states = await run_chat(
+                "7", f"{served.url}/api/chat", actions, headers=headers, chat_id=str(uuid.uuid4())
+            )
+    for state in states:
+        assert state["status"] == "ready", state["error"]
+    saved = [
+        part
+        for state in (states[1], states[4])
+        for part in state["messages"][-1]["parts"]
+        if part["type"] == "tool-save_note"
+    ]
+    assert [part["state"] for part in saved] == ["output-available", "output-available"]
+    assert [part["output"]["text"] for part in saved] == [
+        "the launch is on Friday",
+        "the review is on Monday",
+    ]
+    listed = [
+        next(part for part in state["messages"][-1]["parts"] if part["type"] == "tool-list_notes")
+        for state in (states[2], states[5])
+    ]
+    assert [part["toolCallId"] for part in listed] == ["call_0", "call_0"]
+    assert [[note["text"] for note in part["output"]["notes"]] for part in listed] == [
+        ["the launch is on Friday"],
+        ["the review is on Monday", "the launch is on Friday"],
+    ]
 
 
 # The web page in real headless Chromium
