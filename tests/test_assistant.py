@@ -19,11 +19,14 @@ import psycopg
 import pytest
 import uvicorn
 
+from bastion import ToolCall
+from bastion.assistant.agent import AssistantContext, _local_tools
 from bastion.assistant.config import AssistantConfig
 from bastion.assistant.database import Database, migrate
 from bastion.assistant.dev_auth import DevelopmentSignIn
 from bastion.assistant.notes import PostgresNoteBook
 from bastion.assistant.server import running_assistant
+from bastion.auth import Principal
 from bastion.stores import PostgresStore, StoreIdentity, apply_migrations
 from bastion.worker import Route
 from tests.ai_sdk import ai_sdk_dir, approve, run_chat, send
@@ -700,6 +703,34 @@ async def test_notes_are_saved_once_per_call_and_kept_apart_by_conversation_and_
         assert other["text"] == "dentist on Monday"
         assert [note["text"] for note in await home.list()] == ["dentist on Monday", "launch is Friday"]
         assert [note["text"] for note in await work.list()] == [elsewhere["text"]]
+
+
+async def test_the_notes_tools_are_idempotent_and_a_save_is_keyed_by_its_operation() -> None:
+    class Recorded:
+        def __init__(self) -> None:
+            self.keys: list[str] = []
+
+        async def list(self) -> list[dict[str, Any]]:
+            return []
+
+        async def add(self, text: str, *, idempotency_key: str) -> dict[str, Any]:
+            self.keys.append(idempotency_key)
+            return {"id": "n1", "text": text, "created_at": "2026-01-01T00:00:00+00:00"}
+
+    notes = Recorded()
+    principal = Principal(
+        id=str(uuid.uuid4()), role="authenticated", email=None, is_anonymous=False, aal=None,
+        session_id=None, tenant_id=None, roles=(), claims={},
+    )  # fmt: skip
+    tools = {item.name: item for item in _local_tools(AssistantContext(principal, "c1", notes))}
+    assert all(item.idempotent for item in tools.values())
+    save = tools["save_note"]
+    assert save.execute is not None
+    key = "approval/0f3c"
+    call = ToolCall(tool_name="save_note", input={"text": "launch"}, tool_call_id="call_0", operation_key=key)
+    await save.execute(call)
+    await save.execute(call)
+    assert notes.keys == [key, key]
 
 
 async def test_a_conversation_created_first_takes_its_first_message(served: Served) -> None:
