@@ -30,7 +30,7 @@ from bastion.auth import Principal
 from bastion.stores import PostgresStore, StoreIdentity, apply_migrations
 from bastion.worker import Route
 from tests.ai_sdk import ai_sdk_dir, approve, run_chat, send
-from tests.fake_openai import fake_openai
+from tests.fake_openai import FakeProvider, fake_openai
 from tests.live_server import live_server
 from tests.mcp_servers import Behavior, serve_mcp
 from tests.pg import PostgresCluster
@@ -391,6 +391,29 @@ async def test_a_provider_that_names_every_call_call_0_lists_and_saves_each_time
         ["the launch is on Friday"],
         ["the review is on Monday", "the launch is on Friday"],
     ]
+
+
+async def test_a_chat_on_a_conversation_whose_turn_is_running_is_a_409_with_retry_after(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    fake = FakeProvider()
+    with live_server(fake_openai(fake)) as provider:
+        settings = {"model": "fake", "model_base_url": f"{provider}/v1"}
+        async with serve_assistant(pg_cluster, tmp_path, **settings) as served:
+            headers = await served.sign_in("lin")
+            conversation = str(uuid.uuid4())
+            running = asyncio.ensure_future(chat(served, headers, conversation, [user_message("hold on")]))
+            try:
+                assert await asyncio.to_thread(fake.holding.wait, 30)
+                busy = await chat(served, headers, conversation, [user_message("show my notes")])
+            finally:
+                fake.release.set()
+            assert (await running).status_code == 200
+            after = await chat(served, headers, conversation, [user_message("show my notes")])
+    assert busy.status_code == 409
+    assert busy.json()["code"] == "turn_conflict"
+    assert 1 <= int(busy.headers["retry-after"]) <= 30
+    assert after.status_code == 200
 
 
 # The web page in real headless Chromium
