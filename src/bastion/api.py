@@ -60,9 +60,12 @@ class StrictModel(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class EventStream:
-    """A streamed response (`text/event-stream`), such as the AI SDK UI message stream."""
+    """A streamed response (`text/event-stream`), such as the AI SDK UI message stream: each event's
+    `data` is JSON of the schema `data`, or the text `terminator` that ends the stream."""
 
     description: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+    terminator: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +275,7 @@ class _Document:
         if isinstance(shape, EventStream):
             return {
                 "description": shape.description,
-                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                "content": {"text/event-stream": {"schema": _event(shape)}},
             }
         if isinstance(shape, PlainBody):
             return {"description": shape.description, "content": {media: {} for media in shape.media_types}}
@@ -301,6 +304,20 @@ class _Document:
             "description": f"Error ({', '.join(known)})",
             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}},
         }
+
+
+def _event(stream: EventStream) -> dict[str, Any]:
+    """The schema of one server-sent event (`data`, `event`, `id`), its data JSON or the terminator."""
+    json_data = {"type": "string", "contentMediaType": "application/json", "contentSchema": dict(stream.data)}
+    data: list[dict[str, Any]] = [{"properties": {"data": json_data}}]
+    if stream.terminator is not None:
+        data.insert(0, {"properties": {"data": {"const": stream.terminator}}})
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+        "anyOf": data,
+    }
 
 
 def error_codes(status: int) -> set[str]:
