@@ -168,16 +168,19 @@ def _too_deep() -> InvalidRequestError:
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether JSON `value` nests containers deeper than `limit`, without recursing."""
-    pending: list[tuple[Any, int]] = [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
+    """Whether JSON `value` nests containers deeper than `limit`: one level at a time, no recursion."""
+    level = [value]
+    depth = 0
+    while level:
+        depth += 1
         if depth > limit:
             return True
-        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+        level = [
+            child
+            for item in level
+            for child in (item.values() if type(item) is dict else item)
+            if type(child) is dict or type(child) is list
+        ]
     return False
 
 
