@@ -922,8 +922,9 @@ async def test_a_token_whose_subject_is_not_a_uuid_is_refused_alike_on_every_use
     import jwt
 
     from bastion.assistant.app import build_routes
+    from bastion.assistant.server import development_sign_in
 
-    signer = DevelopmentSignIn(data_dir=served.config.data_dir, issuer=f"{served.url}/auth/v1")
+    signer = development_sign_in(served.config)
     ada = jwt.decode(
         (await served.sign_in("ada"))["Authorization"].split()[1], options={"verify_signature": False}
     )

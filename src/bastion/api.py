@@ -3,11 +3,12 @@ validate its requests and write its part of the OpenAPI document, so the two can
 
 `@operation(body=Rename, responses={200: ConversationOut})` wraps a handler: the body is read as one
 JSON object (no deeper than `MAX_JSON_DEPTH`), validated strictly (no `"5"` for 5) and passed as
-`body=`; the query string likewise as `query=`. A refusal is `InvalidRequestError` (400
-`invalid_input`) with `field` naming the value (`title`, `messages[0].role`) and a message saying the
-rule (`title: String should have at most 500 characters.`). `openapi_document(routes)` describes every
-route, its security, parameters, bodies, responses and the error body (`code`, `message`, `field`) of
-each status it can answer, with the codes that status carries.
+`body=`; the query string likewise as `query=` (its values are text, so numbers are read from it).
+A refusal is `InvalidRequestError` (400 `invalid_input`) with `field` naming the value (`title`,
+`messages[0].role`) and a message saying the rule (`title: String should have at most 500
+characters.`). `openapi_document(routes)` describes every route, its security, parameters, bodies,
+responses and the error body (`code`, `message`, `field`) of each status it can answer, with the
+codes that status carries.
 """
 
 from __future__ import annotations
@@ -60,9 +61,12 @@ class StrictModel(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class EventStream:
-    """A streamed response (`text/event-stream`), such as the AI SDK UI message stream."""
+    """A streamed response (`text/event-stream`), such as the AI SDK UI message stream: each event's
+    `data` is JSON of the schema `data`, or the text `terminator` that ends the stream."""
 
     description: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+    terminator: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,15 +108,15 @@ def operation(
     added by `openapi_document`), optionally with the codes each carries beside those of the errors
     bastion knows for that status.
     """
-    error_codes = (
+    declared = (
         {status: tuple(codes) for status, codes in errors.items()}
         if isinstance(errors, Mapping)
         else {status: () for status in errors}
     )
     if body is not None or query is not None:
-        error_codes.setdefault(400, ())
+        declared.setdefault(400, ())
     spec = OperationSpec(
-        body=body, body_required=body_required, query=query, responses=dict(responses), errors=error_codes
+        body=body, body_required=body_required, query=query, responses=dict(responses), errors=declared
     )
 
     def decorate(handler: Handler) -> Handler:
@@ -122,9 +126,9 @@ def operation(
             parsed: dict[str, Any] = {}
             if body is not None:
                 raw = await json_body(request, optional=not body_required)
-                parsed["body"] = _validated(body, raw, where=None)
+                parsed["body"] = _validated(body, raw)
             if query is not None:
-                parsed["query"] = _validated(query, dict(request.query_params), where=None)
+                parsed["query"] = _validated(query, dict(request.query_params), strict=False)
             return await handler(*args, **parsed)
 
         validated.__bastion_operation__ = spec  # type: ignore[attr-defined]
@@ -164,30 +168,33 @@ def _too_deep() -> InvalidRequestError:
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether JSON `value` nests containers deeper than `limit`, without recursing."""
-    pending: list[tuple[Any, int]] = [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
+    """Whether JSON `value` nests containers deeper than `limit`: one level at a time, no recursion."""
+    level = [value]
+    depth = 0
+    while level:
+        depth += 1
         if depth > limit:
             return True
-        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+        level = [
+            child
+            for item in level
+            for child in (item.values() if type(item) is dict else item)
+            if type(child) is dict or type(child) is list
+        ]
     return False
 
 
-def _validated(model: type[BaseModel], value: Any, *, where: str | None) -> BaseModel:
+def _validated(model: type[BaseModel], value: Any, *, strict: bool | None = None) -> BaseModel:
     try:
-        return model.model_validate(value)
+        return model.model_validate(value, strict=strict)
     except ValidationError as error:
         first = error.errors(include_url=False, include_input=False)[0]
-        name = field_name(first["loc"]) or where or "body"
+        name = _field_name(first["loc"]) or "body"
         rule = str(first["ctx"]["error"]) if first["type"] == "value_error" else first["msg"]
         raise InvalidRequestError(f"{name}: {rule}.", field=name) from None
 
 
-def field_name(location: Sequence[int | str]) -> str:
+def _field_name(location: Sequence[int | str]) -> str:
     """`("messages", 0, "role")` as `messages[0].role`."""
     name = ""
     for part in location:
@@ -272,7 +279,7 @@ class _Document:
         if isinstance(shape, EventStream):
             return {
                 "description": shape.description,
-                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                "content": {"text/event-stream": {"schema": _event(shape)}},
             }
         if isinstance(shape, PlainBody):
             return {"description": shape.description, "content": {media: {} for media in shape.media_types}}
@@ -283,7 +290,7 @@ class _Document:
         }
 
     def _error(self, status: int, codes: tuple[str, ...]) -> dict[str, Any]:
-        known = sorted({*error_codes(status), *codes})
+        known = sorted({*_error_codes(status), *codes})
         name = f"Error{status}"
         self.schemas[name] = {
             "type": "object",
@@ -303,7 +310,21 @@ class _Document:
         }
 
 
-def error_codes(status: int) -> set[str]:
+def _event(stream: EventStream) -> dict[str, Any]:
+    """The schema of one server-sent event (`data`, `event`, `id`), its data JSON or the terminator."""
+    json_data = {"type": "string", "contentMediaType": "application/json", "contentSchema": dict(stream.data)}
+    data: list[dict[str, Any]] = [{"properties": {"data": json_data}}]
+    if stream.terminator is not None:
+        data.insert(0, {"properties": {"data": {"const": stream.terminator}}})
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+        "anyOf": data,
+    }
+
+
+def _error_codes(status: int) -> set[str]:
     """Every code bastion can answer with `status`: its errors, the worker's and the sign-in's."""
     codes = {status_error_code(status)}
     pending: list[type[BastionError]] = [BastionError]

@@ -8,7 +8,8 @@ stored (which moves are legitimate, what a new user message may hold) are `basti
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import ConfigDict, Field
 from typing_extensions import TypedDict
@@ -16,9 +17,25 @@ from typing_extensions import TypedDict
 from bastion.api import StrictModel
 from bastion.history import SUBMIT_MESSAGE
 
-__all__ = ["UUID_PATTERN", "ChatRequest", "UIMessage", "UIMessagePart"]
+__all__ = [
+    "UI_MESSAGE_CHUNK",
+    "UI_MESSAGE_STREAM_END",
+    "UUID_PATTERN",
+    "ChatRequest",
+    "UIMessage",
+    "UIMessagePart",
+]
 
 UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+
+
+UI_MESSAGE_CHUNK: Final[Mapping[str, Any]] = {
+    "description": "A UI message chunk: `start`, `text-delta`, `tool-input-available`, `finish`, ….",
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": {"type": "string"}},
+}
+UI_MESSAGE_STREAM_END: Final = "[DONE]"
 
 
 class UIMessagePart(TypedDict):

@@ -45,7 +45,7 @@ from bastion.assistant.schemas import (
     Info,
 )
 from bastion.auth import Principal, SupabaseEnv, TokenVerifier
-from bastion.chat_request import ChatRequest
+from bastion.chat_request import UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END, ChatRequest
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.persistence import AgentRun
 from bastion.stores import (
@@ -108,7 +108,7 @@ class AssistantApp:
 
     @operation(
         body=ChatRequest,
-        responses={200: EventStream("The AI SDK UI message stream")},
+        responses={200: EventStream("The AI SDK UI message stream", UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END)},
         errors=(403, 404, 409, 502),
     )
     async def chat(self, request: Request, context: RequestContext, *, body: ChatRequest) -> Response:

@@ -72,11 +72,11 @@ Comment = Annotated[str, Field(max_length=MAX_COMMENT), AfterValidator(_storable
 Uuid = Annotated[str, Field(pattern=UUID_PATTERN)]
 
 
-Limit = Annotated[int, BeforeValidator(_digits), Field(ge=1, le=100, description="How many, at most.")]
+Limit = Annotated[int, Field(ge=1, le=100, description="How many, at most."), BeforeValidator(_digits)]
 Cursor = Annotated[
     int,
-    BeforeValidator(_digits),
     Field(ge=0, le=MAX_CURSOR, description="The cursor of the last event already read."),
+    BeforeValidator(_digits),
 ]
 
 
