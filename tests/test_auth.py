@@ -594,6 +594,113 @@ async def test_inline_key_set_is_used_without_fetching(
     assert host.fetches == 0
 
 
+ISSUER = "https://auth.example.com/auth/v1"
+
+
+def one_key_env(jwk: dict[str, Any], **fields: Any) -> SupabaseEnv:
+    return SupabaseEnv(jwks={"keys": [jwk]}, issuer=ISSUER, **fields)
+
+
+@pytest.mark.parametrize("kid", [None, ""], ids=["no-kid", "empty-kid"])
+async def test_a_token_without_kid_verifies_with_the_one_inline_key(
+    keys: SigningKeys, kid: str | None
+) -> None:
+    env = one_key_env(ec_jwk(keys.ec.public_key(), EC_KID))
+    verifier = TokenVerifier(env, clock=FakeClock())
+    header = {"alg": "ES256"} if kid is None else {"alg": "ES256", "kid": kid}
+
+    principal = await verifier.verify(signed(header, claims(env), ecdsa_p256(keys.ec)))
+
+    assert principal.id == "7f1c1c4e-1b0a-4f39-9d38-6a1c2b7e9a01"
+
+
+async def test_the_one_inline_key_still_pins_its_algorithm(keys: SigningKeys) -> None:
+    env = one_key_env(rsa_jwk(keys.rsa.public_key(), RSA_KID))
+    verifier = TokenVerifier(env, clock=FakeClock())
+
+    assert (await verifier.verify(rs256(keys, claims(env), kid=None))).role == "authenticated"
+    forged = signed({"alg": "ES256"}, claims(env), rsa_pkcs1(keys.rsa))
+    assert (await refused(verifier, forged)).code == "invalid_signature"
+    other = signed({"alg": "ES256"}, claims(env), ecdsa_p256(keys.ec))
+    assert (await refused(verifier, other)).code == "invalid_signature"
+
+
+async def test_an_inline_key_without_kid_serves_only_tokens_without_kid(keys: SigningKeys) -> None:
+    jwk = ec_jwk(keys.ec.public_key(), EC_KID)
+    del jwk["kid"]
+    env = one_key_env(jwk)
+    verifier = TokenVerifier(env, clock=FakeClock())
+
+    assert (await verifier.verify(es256(keys, claims(env), kid=None))).role == "authenticated"
+    assert (await refused(verifier, es256(keys, claims(env)))).code == "invalid_signature"
+
+
+async def test_with_two_keys_a_token_without_kid_is_refused_even_when_one_key_has_no_kid(
+    keys: SigningKeys,
+) -> None:
+    kidless = ec_jwk(keys.ec.public_key(), EC_KID)
+    del kidless["kid"]
+    env = SupabaseEnv(jwks={"keys": [kidless, rsa_jwk(keys.rsa.public_key(), RSA_KID)]}, issuer=ISSUER)
+    verifier = TokenVerifier(env, clock=FakeClock())
+
+    assert (await refused(verifier, es256(keys, claims(env), kid=None))).code == "invalid_signature"
+    assert (await verifier.verify(rs256(keys, claims(env)))).role == "authenticated"
+
+
+async def test_a_token_without_kid_verifies_with_the_one_fetched_key(keys: SigningKeys) -> None:
+    host = JwksHost({"keys": [ec_jwk(keys.ec.public_key(), EC_KID)]})
+    with live_server(host.app) as url:
+        env = SupabaseEnv(url=url)
+        verifier = TokenVerifier(env, clock=FakeClock())
+
+        principal = await verifier.verify(es256(keys, claims(env), kid=None))
+
+    assert principal.role == "authenticated"
+    assert host.fetches == 1
+
+
+async def test_without_url_the_given_issuer_is_the_one_tokens_must_carry(keys: SigningKeys) -> None:
+    env = one_key_env(ec_jwk(keys.ec.public_key(), EC_KID))
+    verifier = TokenVerifier(env, clock=FakeClock())
+
+    assert env.url is None and env.jwks_url is None and env.issuer == ISSUER
+    assert (await verifier.verify(es256(keys, claims(env)))).role == "authenticated"
+    other = user_claims("https://other.example.com/auth/v1", NOW)
+    assert (await refused(verifier, es256(keys, other))).code == "invalid_claims"
+
+
+async def test_a_legacy_secret_alone_needs_no_url(served: tuple[JwksHost, str]) -> None:
+    env = SupabaseEnv(jwt_secret=JWT_SECRET, issuer=ISSUER)
+    verifier = TokenVerifier(env, clock=FakeClock())
+
+    assert env.jwks_url is None
+    token = hs256({"alg": "HS256"}, claims(env), JWT_SECRET.encode())
+    assert (await verifier.verify(token)).role == "authenticated"
+
+
+def test_an_issuer_given_with_the_url_replaces_the_derived_one() -> None:
+    env = SupabaseEnv(url="https://example.supabase.co", issuer=ISSUER)
+
+    assert env.issuer == ISSUER
+    assert env.jwks_url == "https://example.supabase.co/auth/v1/.well-known/jwks.json"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({}, "needs url, or the signing keys"),
+        ({"issuer": ISSUER}, "needs url, or the signing keys"),
+        ({"jwks": {"keys": []}}, "needs the issuer"),
+        ({"jwks": "https://auth.example.com/jwks.json"}, "needs the issuer"),
+        ({"jwt_secret": JWT_SECRET}, "needs the issuer"),
+        ({"jwt_secret": JWT_SECRET, "issuer": "auth.example.com"}, "issuer must be an http"),
+    ],
+)
+def test_an_env_that_cannot_name_its_issuer_and_keys_is_refused(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SupabaseEnv(**fields)
+
+
 def test_key_set_entries_that_are_not_public_signing_keys_are_skipped(keys: SigningKeys) -> None:
     weak = rsa.generate_private_key(public_exponent=65537, key_size=1024)
     document = {

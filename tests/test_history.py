@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bastion.approvals import AgentApprovalAuthorizationError, ApprovalDecision
+from bastion.errors import BastionError
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 
 Message = dict[str, Any]
@@ -846,3 +847,107 @@ async def test_a_changed_raw_input_is_still_a_conflict() -> None:
     incoming = [*_as_ai6_sends_it(stored, {"q": 43}), NEXT]
     with pytest.raises(AgentHistoryConflictError):
         await reconcile_agent_messages(stored, incoming, trigger="submit-message")
+
+
+# Shapes a mutation review found unchecked: each is refused as a client error, never a crash
+
+
+async def refused_as_a_client_error(
+    previous: list[Any], incoming: list[Any], trigger: str = SUBMIT
+) -> BastionError:
+    with pytest.raises(BastionError) as raised:
+        await reconcile_agent_messages(previous, incoming, trigger=trigger)
+    assert 400 <= raised.value.status < 500
+    return raised.value
+
+
+async def test_a_stored_message_that_is_not_an_object_is_a_conflict() -> None:
+    await refused_as_a_client_error([USER, "not a message"], [USER, NEXT])
+
+
+async def test_a_message_whose_parts_are_missing_is_refused() -> None:
+    await refused_as_a_client_error([], [{"id": "u2", "role": "user", "parts": None}])
+
+
+async def test_resending_an_unanswered_approval_request_is_a_conflict() -> None:
+    error = await refused_as_a_client_error([USER, PENDING], [USER, PENDING])
+    assert isinstance(error, AgentHistoryConflictError)
+
+
+@pytest.mark.parametrize("request_", [{"id": 5}, {"approved": None}], ids=["numeric-id", "no-id"])
+async def test_a_stored_approval_request_without_a_text_id_cannot_be_answered(
+    request_: dict[str, Any],
+) -> None:
+    stored = copy.deepcopy(PENDING)
+    tool_part(stored)["approval"] = request_
+    answer = copy.deepcopy(stored)
+    tool_part(answer).update(state="approval-responded", approval={**request_, "approved": True})
+    error = await refused_as_a_client_error([USER, stored], [USER, answer])
+    assert isinstance(error, AgentHistoryConflictError)
+
+
+async def test_a_stored_call_without_a_call_id_cannot_be_answered() -> None:
+    stored = copy.deepcopy(PENDING)
+    del tool_part(stored)["toolCallId"]
+    answer = responded(stored)
+    error = await refused_as_a_client_error([USER, stored], [USER, answer])
+    assert isinstance(error, AgentHistoryConflictError)
+
+
+@pytest.mark.parametrize(
+    "stored_part", ["not a part", {"type": 5, "state": "approval-requested"}, {"state": "x"}]
+)
+async def test_a_corrupt_stored_part_answered_by_the_browser_is_a_conflict(stored_part: Any) -> None:
+    stored = copy.deepcopy(PENDING)
+    stored["parts"][2] = stored_part
+    answer = responded(PENDING)
+    error = await refused_as_a_client_error([USER, stored], [USER, answer])
+    assert isinstance(error, AgentHistoryConflictError)
+
+
+async def test_only_an_ai6_refused_input_is_renamed_other_parts_with_raw_input_stay_as_stored() -> None:
+    stored = _failed_input_history()
+    stored[1]["parts"] += [
+        {
+            "type": "tool-lookup",
+            "toolCallId": "c2",
+            "state": "output-error",
+            "input": {"q": 1},
+            "rawInput": {"q": "one"},
+            "errorText": "Tool execution failed.",
+        },
+        {
+            "type": "tool-lookup",
+            "toolCallId": "c3",
+            "state": "output-available",
+            "rawInput": {"q": "kept"},
+            "output": {"hits": []},
+        },
+    ]
+    incoming = [*_as_ai6_sends_it(stored, {"q": 42}), NEXT]
+
+    history = await reconcile_agent_messages(stored, incoming, trigger=SUBMIT)
+
+    assert history[:2] == stored
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://files.example/report.pdf",
+        "https://files.example/open?next=https://files.example/report.pdf",
+    ],
+)
+async def test_http_file_urls_are_accepted(url: str) -> None:
+    message = {**NEXT, "parts": [{"type": "file", "mediaType": "application/pdf", "url": url}]}
+    assert await reconcile_agent_messages([], [message], trigger=SUBMIT) == [message]
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["data:text/plain;base64,aGk=!", "data:text/plain;base64,aG k=", "data:text/plain,x;base64,aGk="],
+    ids=["stray-character", "inner-space", "base64-after-a-comma"],
+)
+async def test_a_data_url_that_is_not_strictly_base64_is_refused(url: str) -> None:
+    message = {**NEXT, "parts": [{"type": "file", "mediaType": "text/plain", "url": url}]}
+    await refused_as_a_client_error([], [message])

@@ -950,3 +950,248 @@ async def test_a_misused_approval_value_still_requires_approval(misused: Any) ->
     policy: ToolPolicy[Ctx] = ToolPolicy(needs_approval=misused)
     [guarded] = with_tool_policy([make_tool()], context=CONTEXT, policies={"transfer": policy})
     assert await tool_requires_approval(guarded, ToolCall(tool_name="transfer", input={}, tool_call_id="c1"))
+
+
+# What the operator sees: each failing policy is logged with its traceback
+
+
+async def _run_visible_raising() -> None:
+    with_tool_policy([make_tool()], context=CONTEXT, policies={"transfer": ToolPolicy(visible=raise_error)})
+
+
+async def _run_visible_async() -> None:
+    async def visible(context: Ctx) -> bool:
+        return True
+
+    with_tool_policy([make_tool()], context=CONTEXT, policies={"transfer": ToolPolicy(visible=visible)})
+
+
+async def _run_can_execute_raising() -> None:
+    await execute(guarded(ToolPolicy(can_execute=raise_error)))
+
+
+async def _run_policy_approval_raising() -> None:
+    item = guarded(ToolPolicy(needs_approval=raise_error))
+    await tool_requires_approval(item, call_for())
+
+
+async def _run_own_approval_raising() -> None:
+    await tool_requires_approval(make_tool(needs_approval=raise_error), call_for())
+
+
+async def _run_projection_raising() -> None:
+    guarded(ToolPolicy(model_output=raise_error)).model_view({"balance": 1}, call_for())
+
+
+async def _run_error_format_raising() -> None:
+    guarded(ToolPolicy(model_error=raise_error)).error_view("failed", call_for())
+
+
+@pytest.mark.parametrize(
+    ("run", "message", "with_traceback"),
+    [
+        (_run_visible_raising, "Tool visibility check failed; hiding the tool.", True),
+        (_run_visible_async, "Tool visibility checks must be synchronous; hiding the tool.", False),
+        (_run_can_execute_raising, "Tool execution check failed; denying transfer.", True),
+        (_run_policy_approval_raising, "Tool approval check failed; requiring approval.", True),
+        (_run_own_approval_raising, "Tool approval check failed; requiring approval.", True),
+        (_run_projection_raising, "Tool output projection failed; withholding the result.", True),
+        (_run_error_format_raising, "Tool error formatter failed; using a generic error.", True),
+    ],
+    ids=["visible", "visible-async", "can-execute", "policy-approval", "own-approval", "projection", "error"],
+)
+async def test_a_failing_policy_is_logged_as_a_warning_with_its_cause(
+    caplog: pytest.LogCaptureFixture, run: Any, message: str, with_traceback: bool
+) -> None:
+    with caplog.at_level("WARNING", logger="bastion.policies"):
+        await run()
+
+    [record] = [r for r in caplog.records if r.name == "bastion.policies"]
+    assert (record.levelname, record.getMessage()) == ("WARNING", message)
+    assert (record.exc_info is not None) is with_traceback
+    if with_traceback:
+        assert record.exc_info is not None and isinstance(record.exc_info[1], RuntimeError)
+
+
+# Copies all the way down: a policy cannot reach into what runs, what is stored or its own denial
+
+
+async def test_can_execute_mutating_nested_input_does_not_change_what_the_executor_gets() -> None:
+    def meddle(context: Ctx, call: ToolCall) -> bool:
+        call.input["payee"]["iban"] = "attacker"
+        return True
+
+    item, recorder = guarded_with_recorder(ToolPolicy(can_execute=meddle))
+
+    await execute(item, call_for(arguments={"payee": {"iban": "NO93"}}))
+
+    assert recorder.calls[0].input == {"payee": {"iban": "NO93"}}
+
+
+def test_model_output_mutating_a_nested_value_does_not_change_the_full_result() -> None:
+    def meddle(output: Any, context: Ctx, call: ToolCall) -> Any:
+        output["account"]["iban"] = "hidden"
+        return output
+
+    full = {"account": {"iban": "NO93"}}
+
+    guarded(ToolPolicy(model_output=meddle)).model_view(full, call_for())
+
+    assert full == {"account": {"iban": "NO93"}}
+
+
+NESTED_DENIAL = {"error": {"code": "not_allowed"}}
+
+
+async def _denied_by_execution() -> Any:
+    item = guarded(ToolPolicy(can_execute=lambda context, call: False, denied_output=NESTED_DENIAL))
+    return (await execute(item)).output
+
+
+async def _denied_by_recheck() -> Any:
+    item = guarded(ToolPolicy(can_execute=lambda context, call: False, denied_output=NESTED_DENIAL))
+    assert item.recheck_before_model is not None
+    denial = await item.recheck_before_model(call_for())
+    assert denial is not None
+    return denial.output
+
+
+async def _denied_by_failed_projection() -> Any:
+    item = guarded(ToolPolicy(model_output=raise_error, denied_output=NESTED_DENIAL))
+    return item.model_view({"balance": 1}, call_for())
+
+
+async def _denied_for_sharing() -> Any:
+    policies = {"transfer": ToolPolicy[Ctx](visible=lambda context: False, denied_output=NESTED_DENIAL)}
+    return sanitize_tool_output(output_part(), context=CONTEXT, policies=policies)["output"]
+
+
+async def _denied_for_the_model() -> Any:
+    policies = {
+        "transfer": ToolPolicy[Ctx](can_execute=lambda context, call: False, denied_output=NESTED_DENIAL)
+    }
+    return (await sanitize_tool_output_for_model(output_part(), context=CONTEXT, policies=policies))["output"]
+
+
+@pytest.mark.parametrize(
+    "deny",
+    [
+        _denied_by_execution,
+        _denied_by_recheck,
+        _denied_by_failed_projection,
+        _denied_for_sharing,
+        _denied_for_the_model,
+    ],
+    ids=["execution", "recheck", "projection", "sharing", "model"],
+)
+async def test_changing_a_denial_never_changes_the_policys_denied_output(deny: Any) -> None:
+    denied = await deny()
+    denied["error"]["code"] = "changed"
+
+    assert NESTED_DENIAL == {"error": {"code": "not_allowed"}}
+
+
+# Every check is asked about the turn's own context and the stored call
+
+
+def admin_only(context: Ctx, call: ToolCall) -> bool:
+    return context.role == "admin"
+
+
+def for_caller(output: Any, context: Ctx, call: ToolCall) -> Any:
+    return {"for": context.user_id, "call": [call.tool_name, call.input, call.tool_call_id]}
+
+
+async def test_a_guarded_tool_checks_the_context_it_was_guarded_for() -> None:
+    item = guard_tool(make_tool(), ToolPolicy(can_execute=admin_only), ADMIN)
+    assert item.recheck_before_model is not None
+
+    assert await execute(item) == "ran"
+    assert await item.recheck_before_model(call_for()) is None
+
+
+def test_sanitize_tool_output_asks_visibility_and_projection_about_the_context_and_the_stored_call() -> None:
+    policies = {
+        "transfer": ToolPolicy[Ctx](visible=lambda context: context.role == "admin", model_output=for_caller)
+    }
+
+    sanitized = sanitize_tool_output(output_part(toolCallId="call-9"), context=ADMIN, policies=policies)
+
+    assert sanitized["output"] == {"for": "admin-1", "call": ["transfer", {"amount": 5}, "call-9"]}
+
+
+async def test_output_for_model_asks_every_check_about_the_context_and_the_stored_call() -> None:
+    policies = {
+        "transfer": ToolPolicy[Ctx](
+            visible=lambda context: context.role == "admin", can_execute=admin_only, model_output=for_caller
+        )
+    }
+
+    sanitized = await sanitize_tool_output_for_model(
+        output_part(toolCallId="call-9"), context=ADMIN, policies=policies
+    )
+
+    assert sanitized["output"] == {"for": "admin-1", "call": ["transfer", {"amount": 5}, "call-9"]}
+
+
+async def test_error_for_model_asks_every_check_about_the_context() -> None:
+    policies = {
+        "transfer": ToolPolicy[Ctx](
+            visible=lambda context: context.role == "admin",
+            can_execute=admin_only,
+            model_error=lambda text, context, call: f"{context.user_id}: {text}",
+        )
+    }
+
+    sanitized = await sanitize_tool_error_for_model(error_part(), context=ADMIN, policies=policies)
+
+    assert sanitized["errorText"] == "admin-1: Database password rejected."
+
+
+async def test_a_stored_error_without_text_is_formatted_as_empty_text() -> None:
+    part = error_part()
+    del part["errorText"]
+    policies = {"transfer": ToolPolicy[Ctx](model_error=lambda text, context, call: f"[{text}]")}
+
+    sanitized = await sanitize_tool_error_for_model(part, context=CONTEXT, policies=policies)
+
+    assert sanitized["errorText"] == "[]"
+
+
+async def test_a_stored_part_without_a_call_id_is_checked_as_a_call_with_an_empty_id() -> None:
+    seen: list[ToolCall] = []
+
+    def can_execute(context: Ctx, call: ToolCall) -> bool:
+        seen.append(call)
+        return True
+
+    part = output_part()
+    del part["toolCallId"]
+
+    await sanitize_tool_output_for_model(
+        part, context=CONTEXT, policies={"transfer": ToolPolicy(can_execute=can_execute)}
+    )
+
+    assert seen == [ToolCall(tool_name="transfer", input={"amount": 5}, tool_call_id="")]
+
+
+def test_guarding_twice_applies_both_error_formatters_outer_first_each_with_the_call() -> None:
+    seen: list[str] = []
+
+    def inner(error: str, context: Ctx, call: ToolCall) -> str:
+        seen.append(call.tool_call_id)
+        return f"inner({error})"
+
+    def outer(error: str, context: Ctx, call: ToolCall) -> str:
+        seen.append(call.tool_call_id)
+        return f"outer({error})"
+
+    item = guard_tool(guarded(ToolPolicy(model_error=inner)), ToolPolicy(model_error=outer), CONTEXT)
+
+    assert item.error_view("failed", call_for(call_id="call-3")) == "inner(outer(failed))"
+    assert seen == ["call-3", "call-3"]
+
+
+@pytest.mark.parametrize("tool_name", [5, None, ["docs__read"]])
+def test_a_dynamic_tool_part_whose_name_is_not_text_has_no_tool_name(tool_name: Any) -> None:
+    assert tool_part_name({"type": "dynamic-tool", "toolName": tool_name}) is None

@@ -96,16 +96,32 @@ class SupabaseEnv:
     `jwks` is None (fetch from the project's `/auth/v1/.well-known/jwks.json`), a URL string, or a JWKS
     document given inline. `jwt_secret` is the legacy HS256 secret, only if the project still uses it.
     `publishable_keys` and `secret_keys` are the project's API keys by name, kept for the application.
+
+    `issuer` is the `iss` every token must carry: `<url>/auth/v1` unless given. `url` may be left out
+    when the keys are given otherwise (`jwks` inline or as a URL, or `jwt_secret`); `issuer` is then
+    required, so a token is never accepted from whoever happens to hold a key.
     """
 
-    url: str
+    url: str | None = None
     publishable_keys: Mapping[str, str] = field(default_factory=dict, repr=False)
     secret_keys: Mapping[str, str] = field(default_factory=dict, repr=False)
     jwks: str | Mapping[str, Any] | None = None
     jwt_secret: str | None = field(default=None, repr=False)
+    issuer: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "url", _http_url(self.url, what="url").rstrip("/"))
+        if self.url is not None:
+            object.__setattr__(self, "url", _http_url(self.url, what="url").rstrip("/"))
+        elif self.jwks is None and self.jwt_secret is None:
+            raise ValueError(
+                "SupabaseEnv needs url, or the signing keys: jwks (inline or a URL) or jwt_secret."
+            )
+        if self.issuer is not None:
+            _http_url(self.issuer, what="issuer")
+        elif self.url is not None:
+            object.__setattr__(self, "issuer", f"{self.url}/auth/v1")
+        else:
+            raise ValueError("SupabaseEnv without url needs the issuer its tokens carry (iss).")
         object.__setattr__(self, "publishable_keys", _named_keys(self.publishable_keys, "publishable_keys"))
         object.__setattr__(self, "secret_keys", _named_keys(self.secret_keys, "secret_keys"))
         if isinstance(self.jwks, str):
@@ -116,17 +132,12 @@ class SupabaseEnv:
             raise ValueError(f"jwt_secret must be at least {_MIN_SECRET_BYTES} bytes long.")
 
     @property
-    def issuer(self) -> str:
-        """The `iss` claim of this project's user tokens."""
-        return f"{self.url}/auth/v1"
-
-    @property
     def jwks_url(self) -> str | None:
-        """Where the signing keys are fetched from; None when they were given inline."""
+        """Where the signing keys are fetched from; None when they were given inline (or only a secret)."""
         if isinstance(self.jwks, str):
             return self.jwks
-        if self.jwks is None:
-            return f"{self.issuer}/.well-known/jwks.json"
+        if self.jwks is None and self.url is not None:
+            return f"{self.url}/auth/v1/.well-known/jwks.json"
         return None
 
 
@@ -241,14 +252,22 @@ class TokenVerifier:
             if self._legacy is None:
                 raise AuthenticationError("invalid_signature")
             return self._legacy
-        if algorithm not in _ASYMMETRIC or not kid:
+        if algorithm not in _ASYMMETRIC:
             raise AuthenticationError("invalid_signature")
-        key = self._keys.get(kid)
+        key = self._key_for(kid)
         if self._jwks_url is None:
             if key is None:
                 raise AuthenticationError("invalid_signature")
             return key
         return key if self._is_fresh() else None
+
+    def _key_for(self, kid: str | None) -> _VerificationKey | None:
+        """The key a token names; a token without `kid` can only mean the key set's one and only key."""
+        if kid:
+            return self._keys.get(kid)
+        if len(self._keys) == 1:
+            return next(iter(self._keys.values()))
+        return None
 
     async def _fetched_key(self, kid: str | None) -> _VerificationKey:
         now = self._clock()
@@ -257,7 +276,7 @@ class TokenVerifier:
             await self._refreshed()
         if not self._is_fresh():
             raise KeySetUnavailableError()
-        key = self._keys.get(kid or "")
+        key = self._key_for(kid)
         if key is None:
             raise AuthenticationError("invalid_signature")
         return key
@@ -435,13 +454,17 @@ def _claim_path(claim: str | None, what: str) -> tuple[str, ...]:
 
 
 def _parse_key_set(document: Any) -> dict[str, _VerificationKey]:
-    """Parse a JWKS once into verification keys by kid; unusable entries are skipped."""
+    """Parse a JWKS once into verification keys by kid; unusable entries are skipped.
+
+    A key without `kid` is kept under "" (so only a token without `kid` can use it, and only while it
+    is the set's one key); a second key without `kid`, or a repeated `kid`, is skipped.
+    """
     if not isinstance(document, Mapping) or not isinstance(document.get("keys"), list):
         raise ValueError("A JWKS is an object with a 'keys' list.")
     keys: dict[str, _VerificationKey] = {}
     for jwk in document["keys"]:
-        kid = jwk.get("kid") if isinstance(jwk, Mapping) else None
-        if not isinstance(kid, str) or not kid or kid in keys:
+        kid = jwk.get("kid", "") if isinstance(jwk, Mapping) else None
+        if not isinstance(kid, str) or kid in keys:
             continue
         try:
             key = _parse_jwk(jwk)

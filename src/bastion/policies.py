@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
-from bastion.tools import Tool, ToolCall, ToolDenial, run_executor
+from bastion.tools import Tool, ToolCall, ToolDenial, ToolExecutor, run_executor
 
 __all__ = [
     "DEFAULT_DENIED_OUTPUT",
@@ -141,7 +141,7 @@ def project_output(policy: ToolPolicy[ContextT], output: Any, context: ContextT,
         return policy.model_output(copy.deepcopy(output), context, _copy_call(call))
     except Exception:
         logger.warning("Tool output projection failed; withholding the result.", exc_info=True)
-        return ToolDenial(copy.deepcopy(policy.denied_output))
+        return _denial(policy)
 
 
 def _unwrap(value: Any) -> Any:
@@ -185,28 +185,20 @@ def guard_tool(item: Tool, policy: ToolPolicy[ContextT], context: ContextT) -> T
         if policy.guards_execution:
             raise ValueError(f"Provider-executed tool {item.name!r} cannot use execution policies.")
         return item
-    original_execute = item.execute
     own_approval = item.needs_approval
     own_projection = item.model_projection
     own_error_format = item.error_format
     own_recheck = item.recheck_before_model
 
     async def needs_approval(call: ToolCall) -> bool:
-        if await tool_requires_approval(replace(item, needs_approval=own_approval), call):
+        if await tool_requires_approval(item, call):
             return True
         return await _policy_requires_approval(policy, context, call)
-
-    async def execute(call: ToolCall) -> Any:
-        if not await is_execution_allowed(policy, context, call):
-            return ToolDenial(copy.deepcopy(policy.denied_output))
-        if original_execute is None:
-            raise RuntimeError(f"Tool {item.name!r} has no executor.")
-        return await run_executor(original_execute, call)
 
     async def recheck_before_model(call: ToolCall) -> ToolDenial | None:
         """Permission revoked while the tool ran: the model is not told the result."""
         if not await is_execution_allowed(policy, context, call):
-            return ToolDenial(copy.deepcopy(policy.denied_output))
+            return _denial(policy)
         return None if own_recheck is None else await own_recheck(call)
 
     def model_projection(output: Any, call: ToolCall) -> Any:
@@ -221,7 +213,7 @@ def guard_tool(item: Tool, policy: ToolPolicy[ContextT], context: ContextT) -> T
 
     return replace(
         item,
-        execute=execute if original_execute is not None else None,
+        execute=_guarded_executor(item.execute, policy, context),
         needs_approval=needs_approval
         if own_approval is not False or policy.needs_approval is not False
         else False,
@@ -231,6 +223,27 @@ def guard_tool(item: Tool, policy: ToolPolicy[ContextT], context: ContextT) -> T
         if policy.can_execute is not None or own_recheck is not None
         else None,
     )
+
+
+def _guarded_executor(
+    executor: ToolExecutor | None, policy: ToolPolicy[ContextT], context: ContextT
+) -> ToolExecutor | None:
+    """The executor behind the policy's execution check; a tool without one stays without one."""
+    if executor is None:
+        return None
+    original = executor
+
+    async def execute(call: ToolCall) -> Any:
+        if not await is_execution_allowed(policy, context, call):
+            return _denial(policy)
+        return await run_executor(original, call)
+
+    return execute
+
+
+def _denial(policy: ToolPolicy[ContextT]) -> ToolDenial:
+    """The policy's denied output, copied so that nothing downstream can change the policy's own."""
+    return ToolDenial(copy.deepcopy(policy.denied_output))
 
 
 def sanitize_tool_output(
@@ -250,12 +263,11 @@ def sanitize_tool_output(
     if part.get("state") != "output-available":
         return sanitized
     name = tool_part_name(part)
-    policy = policies.get(name) if name is not None else None
-    if name is None or policy is None:
+    if name is None or (policy := policies.get(name)) is None:
         sanitized["output"] = copy.deepcopy(unknown_output)
         return sanitized
     if not is_visible(policy, context):
-        sanitized["output"] = copy.deepcopy(policy.denied_output)
+        sanitized["output"] = _denial(policy).output
         return sanitized
     sanitized["output"] = _unwrap(
         project_output(policy, part.get("output"), context, _stored_call(part, name))
@@ -308,9 +320,8 @@ async def _checked_again(
 ) -> tuple[dict[str, Any], tuple[ToolPolicy[ContextT], ToolCall] | None]:
     """A copy of the part, and its policy and call if today's checks still allow it (else a denial)."""
     name = tool_part_name(part)
-    policy = policies.get(name) if name is not None else None
     sanitized = dict(part)
-    if name is None or policy is None:
+    if name is None or (policy := policies.get(name)) is None:
         return _as_denied(sanitized, unknown_output), None
     call = _stored_call(part, name)
     if not is_visible(policy, context) or not await is_execution_allowed(policy, context, call):
