@@ -6,6 +6,7 @@ This module is the public API; every other module's names are private unless re-
 from bastion._cancel import AgentCancelledError
 from bastion._extras import MissingExtraError
 from bastion._loop import AgentStreamResult, ExecuteToolHook
+from bastion._telemetry import TokenUsage
 from bastion._ui_assembly import InvalidUIMessageChunkError, assemble_ui_messages
 from bastion.agent import Agent, AgentSession, AgentSessionClosedError, AgentTools, define_agent
 from bastion.approvals import AgentApprovalAuthorizationError, ApprovalDecision
@@ -70,6 +71,7 @@ __all__ = [
     "RunStatus",
     "Skill",
     "SkillCatalog",
+    "TokenUsage",
     "Tool",
     "ToolCall",
     "ToolDenial",

@@ -15,6 +15,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span
 from pydantic_ai.direct import model_request_stream
 from pydantic_ai.messages import (
     InstructionPart,
@@ -39,7 +42,9 @@ from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import ToolDefinition
 from pydantic_core import to_jsonable_python
 
+from bastion import _telemetry
 from bastion._cancel import AgentCancelledError, unless_cancelled
+from bastion._telemetry import TokenUsage
 from bastion._ui_messages import ConvertedHistory, denial_text
 from bastion.errors import ToolError
 from bastion.policies import GENERIC_TOOL_ERROR, tool_requires_approval
@@ -105,7 +110,8 @@ class AgentStreamResult:
     """One turn's stream: iterate it once for the UI message chunks (without `start`/`finish`).
 
     After iteration, `finish_reason` is the UI finish reason and `cancelled` tells whether the
-    application's signal stopped the turn. A provider error propagates from the iteration.
+    application's signal stopped the turn; `usage` is the turn's token usage and `request_usage`
+    each model request's, in order. A provider error propagates from the iteration.
     """
 
     def __init__(
@@ -127,6 +133,11 @@ class AgentStreamResult:
         self.finish_reason: str | None = None
         self.cancelled = False
         self.messages: list[ModelMessage] = plan.history.messages
+        # Token usage of the whole turn and of each model request, in order.
+        self.usage = TokenUsage()
+        self.request_usage: list[TokenUsage] = []
+        self._approval_of: dict[str, str] = {}
+        self._trace: Context | None = None
 
     def __aiter__(self) -> AsyncIterator[Chunk]:
         if self._started:
@@ -138,6 +149,11 @@ class AgentStreamResult:
         return self._cancel is not None and self._cancel.is_set()
 
     async def _run(self) -> AsyncIterator[Chunk]:
+        turn = _telemetry.tracer.start_span(
+            "bastion.turn", attributes={"bastion.tools": len(self._plan.tools)}
+        )
+        self._trace = trace.set_span_in_context(turn)
+        failure: BaseException | None = None
         try:
             async for chunk in self._turn():
                 yield chunk
@@ -145,6 +161,15 @@ class AgentStreamResult:
             self.cancelled = True
             self.finish_reason = "other"
             await self._on_cancel()
+        except BaseException as error:
+            failure = error
+            raise
+        finally:
+            turn.set_attribute("bastion.finish_reason", self.finish_reason or "none")
+            turn.set_attribute("bastion.cancelled", self.cancelled)
+            turn.set_attribute("bastion.model_requests", len(self.request_usage))
+            self.usage.record(turn)
+            _telemetry.end(turn, failure)
 
     async def _turn(self) -> AsyncIterator[Chunk]:
         plan = self._plan
@@ -193,6 +218,22 @@ class AgentStreamResult:
     async def _model_step(
         self, step: int, parameters: ModelRequestParameters, calls: list[ToolCallPart]
     ) -> AsyncIterator[Chunk]:
+        request = _telemetry.tracer.start_span(
+            "bastion.model_request", context=self._trace, attributes={"bastion.step": step}
+        )
+        failure: BaseException | None = None
+        try:
+            async for chunk in self._model_request(step, parameters, calls, request):
+                yield chunk
+        except BaseException as error:
+            failure = error
+            raise
+        finally:
+            _telemetry.end(request, failure)
+
+    async def _model_request(
+        self, step: int, parameters: ModelRequestParameters, calls: list[ToolCallPart], request: Span
+    ) -> AsyncIterator[Chunk]:
         open_parts: dict[int, Chunk] = {}
         async with model_request_stream(
             self._model,
@@ -235,6 +276,12 @@ class AgentStreamResult:
                     if opened is not None and opened["type"] != "tool":
                         yield {"type": f"{opened['type']}-end", "id": opened["id"]}
             response = stream.get()
+        used = TokenUsage.of(response.usage)
+        self.request_usage.append(used)
+        self.usage.add(used)
+        used.record(request)
+        request.set_attribute("gen_ai.response.model", response.model_name or "")
+        request.set_attribute("bastion.finish_reason", response.finish_reason or "none")
         for chunk in _close_open_parts(open_parts):
             yield chunk
         self.messages.append(response)
@@ -338,6 +385,7 @@ class AgentStreamResult:
             yield available
             call = ToolCall(tool_name=part.tool_name, input=raw_input, tool_call_id=part.tool_call_id)
             if await tool_requires_approval(item, call):
+                self._trace_unrun(call, approval="requested", outcome="paused")
                 yield {
                     "type": "tool-approval-request",
                     "approvalId": _new_id(),
@@ -345,6 +393,7 @@ class AgentStreamResult:
                 }
                 outcome.paused = True
                 continue
+            self._approval_of[call.tool_call_id] = "not-required"
             runnable.append((item, call, CallOrigin(step=step, index=index)))
         for chunk, result in await self._execute_all(runnable):
             yield chunk
@@ -363,6 +412,9 @@ class AgentStreamResult:
                 approval = {}  # not an answer the loop can read: a denial, never a failed turn
             item = self._plan.tools.get(name)
             if approval.get("approved") is not True:
+                self._trace_unrun(
+                    ToolCall(tool_name=name, input=None, tool_call_id=call_id), "denied", "denied"
+                )
                 yield {"type": "tool-output-denied", "toolCallId": call_id}
                 self._add_result(
                     ToolReturnPart(
@@ -383,6 +435,7 @@ class AgentStreamResult:
                 continue
             approval_id = approval.get("id")
             origin = CallOrigin(approval_id=approval_id if isinstance(approval_id, str) else None)
+            self._approval_of[call_id] = "approved"
             runnable.append((item, call, origin))
         for chunk, result in await self._execute_all(runnable):
             yield chunk
@@ -407,7 +460,23 @@ class AgentStreamResult:
             return [await self._execute(*runnable[0])]
         return list(await asyncio.gather(*(self._execute(*entry) for entry in runnable)))
 
+    def _trace_unrun(self, call: ToolCall, approval: str, outcome: str) -> None:
+        """A tool call that did not run (waiting for, or refused by, the user) still gets its span."""
+        attributes = _tool_attributes(call, approval, outcome)
+        with _telemetry.span("bastion.tool_call", attributes, context=self._trace):
+            pass
+
     async def _execute(
+        self, item: Tool, call: ToolCall, origin: CallOrigin
+    ) -> tuple[Chunk, ModelRequestPart]:
+        approval = self._approval_of.pop(call.tool_call_id, "not-required")
+        attributes = _tool_attributes(call, approval)
+        with _telemetry.span("bastion.tool_call", attributes, context=self._trace) as current:
+            chunk, result = await self._execute_untraced(item, call, origin)
+            current.set_attribute("bastion.tool.outcome", str(chunk["type"]).removeprefix("tool-output-"))
+            return chunk, result
+
+    async def _execute_untraced(
         self, item: Tool, call: ToolCall, origin: CallOrigin
     ) -> tuple[Chunk, ModelRequestPart]:
         try:
@@ -493,6 +562,18 @@ class _StepOutcome:
                 tool_name=part.tool_name, content=message, tool_call_id=part.tool_call_id, outcome="retried"
             )
         )
+
+
+def _tool_attributes(call: ToolCall, approval: str, outcome: str | None = None) -> dict[str, str]:
+    """Names and ids only; `bastion.tool.approval`: not-required, requested, approved or denied."""
+    attributes = {
+        "bastion.tool.name": call.tool_name,
+        "bastion.tool.call_id": call.tool_call_id,
+        "bastion.tool.approval": approval,
+    }
+    if outcome is not None:
+        attributes["bastion.tool.outcome"] = outcome
+    return attributes
 
 
 def _this_task_is_cancelled() -> bool:

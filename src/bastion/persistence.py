@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Generic, Literal, TypeAlias, TypeVar, get_args
 
+from bastion._telemetry import span
 from bastion.errors import BastionError
 from bastion.tools import CallOrigin, operation_key
 
@@ -179,7 +180,8 @@ class AgentRun(Generic[Context, State]):
             key=key,
             idempotent=idempotent,
         )
-        return await self._persistence.execute_tool(self._context, self.state, operation)
+        with span("bastion.store.execute_tool", {"bastion.tool.name": name}):
+            return await self._persistence.execute_tool(self._context, self.state, operation)
 
     async def finish(self, *, response_message: dict[str, Any] | None = None, status: RunStatus) -> None:
         """Save the outcome once.
@@ -202,7 +204,8 @@ class AgentRun(Generic[Context, State]):
 
     async def _save(self, outcome: RunOutcome) -> None:
         try:
-            await self._persistence.finish_run(self._context, self.state, outcome)
+            with span("bastion.store.finish_run", {"bastion.run.status": outcome.status}):
+                await self._persistence.finish_run(self._context, self.state, outcome)
         except BaseException:
             self._save_failed = True
             raise
@@ -220,5 +223,6 @@ async def start_agent_run(
     trigger: str,
 ) -> AgentRun[Context, State]:
     """Claim a turn through `persistence.start_run`; its errors propagate and nothing else runs."""
-    start = await persistence.start_run(context, RunInput(messages=messages, trigger=trigger))
+    with span("bastion.store.start_run", {"bastion.run.trigger": str(trigger)}):
+        start = await persistence.start_run(context, RunInput(messages=messages, trigger=trigger))
     return AgentRun(persistence=persistence, context=context, start=start)

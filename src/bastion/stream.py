@@ -94,6 +94,7 @@ def create_agent_stream_response(
     headers: Mapping[str, str] | None = None,
     message_id: str | Callable[[], str] | None = None,
     message_metadata: Any = None,
+    usage_metadata: bool = False,
 ) -> AgentStreamResponse:
     """Serve `result` as the AI SDK UI message stream.
 
@@ -102,6 +103,9 @@ def create_agent_stream_response(
     client does. Otherwise the response message gets `message_id` (or the id it generates), default a
     random id. `message_metadata` goes to the `start` chunk and the message's `metadata`. `on_error(exc)`
     gives the text a client sees for a failure; internals go to the `bastion.stream` logger only.
+    `usage_metadata=True` puts the turn's token usage in the `finish` chunk's `messageMetadata`
+    (`{"usage": {...}, "requestUsage": [...]}`, in the AI SDK's names: `inputTokens`, `outputTokens`,
+    `totalTokens`), merged into the message's `metadata` as the client merges it.
 
     Raises `ValueError` for arguments that could not produce a valid stream, before anything runs.
     """
@@ -117,6 +121,7 @@ def create_agent_stream_response(
         on_finish=on_finish,
         on_settled=on_settled,
         on_error=on_error,
+        usage_metadata=usage_metadata,
     )
     return AgentStreamResponse(turn, headers=response_headers)
 
@@ -176,7 +181,9 @@ class _Turn:
         on_finish: OnFinish | None,
         on_settled: OnSettled | None,
         on_error: Callable[[Exception], str] | None,
+        usage_metadata: bool = False,
     ) -> None:
+        self._usage_metadata = usage_metadata
         self._result = result
         self._assembler = assembler
         self._start = start
@@ -193,15 +200,27 @@ class _Turn:
                 self._assembler.apply_metadata(self._start.get("messageMetadata"))
                 self._emit(self._start)
                 status = await self._consume()
+                finish_metadata = self._finish_metadata()
+                self._assembler.apply_metadata(finish_metadata)
                 status = await self._settle(status)
                 finish: dict[str, Any] = {"type": "finish"}
                 reason = "error" if status == "failed" else self._result.finish_reason
                 if reason is not None:
                     finish["finishReason"] = reason if reason in _FINISH_REASONS else "other"
+                if finish_metadata is not None:
+                    finish["messageMetadata"] = finish_metadata
                 self._emit(finish)
                 self._send(_DONE)
             finally:
                 events.close()
+
+    def _finish_metadata(self) -> dict[str, Any] | None:
+        """The turn's token usage, when asked for and the result counts it (bastion's loop does)."""
+        usage = getattr(self._result, "usage", None) if self._usage_metadata else None
+        if usage is None:
+            return None
+        requests = getattr(self._result, "request_usage", ())
+        return {"usage": usage.as_json(), "requestUsage": [request.as_json() for request in requests]}
 
     async def _consume(self) -> StreamStatus:
         iterator = aiter(self._result)
