@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import os
 import sys
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bastion import MissingExtraError, __version__
+from bastion.request_log import configure_logging
 
 if TYPE_CHECKING:
     from bastion.assistant.config import AssistantConfig
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The embedded database's helper library warns about a runtime directory it does not need here.
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(json_lines=os.environ.get("BASTION_LOG_FORMAT", "").lower() == "json")
 
     try:
         from bastion.assistant.config import AssistantConfig

@@ -35,6 +35,7 @@ from bastion.auth import (
     bearer_token,
 )
 from bastion.errors import BastionError
+from bastion.request_log import RequestLogMiddleware, access_log_enabled
 
 __all__ = [
     "AuthMode",
@@ -137,11 +138,14 @@ def create_agent_worker(
     max_body_bytes: int = 1_048_576,
     verifier: TokenVerifier | None = None,
     lifespan: Lifespan[Starlette] | None = None,
+    access_log: bool | None = None,
 ) -> Starlette:
     """An ASGI application serving `routes`.
 
     `verifier` defaults to `TokenVerifier(env)`; pass one to choose the tenant and roles claims or the
     key refresh intervals. `middleware` wraps every response, errors included (CORS belongs here).
+    Every request gets an id (`bastion.request_log`); `access_log` writes one `bastion.access` line
+    per request, and by default follows the environment variable `BASTION_ACCESS_LOG`.
     """
     if verifier is not None and verifier.env is not env:
         raise ValueError("The verifier must be built from the same SupabaseEnv as the worker.")
@@ -158,7 +162,13 @@ def create_agent_worker(
     worker = _Worker(env, verifier or TokenVerifier(env), on_error, max_body_bytes)
     return Starlette(
         routes=[StarletteRoute(path, _PathEndpoint(worker, methods)) for path, methods in by_path.items()],
-        middleware=list(middleware),
+        middleware=[
+            Middleware(
+                RequestLogMiddleware,
+                access_log=access_log_enabled() if access_log is None else access_log,
+            ),
+            *middleware,
+        ],
         exception_handlers={HTTPException: worker.exception_response, Exception: worker.exception_response},
         lifespan=lifespan,
     )
