@@ -29,7 +29,7 @@ from bastion import (
     start_agent_run,
     tool,
 )
-from bastion.stores import SqliteStore, StoreIdentity, TurnContext
+from bastion.stores import PostgresStore, SqliteStore, StoreIdentity, TurnContext
 from bastion.stream import create_agent_stream_response
 from tests.live_server import live_server
 from tests.provider_fakes import USAGE_IN, USAGE_OUT, Fake
@@ -85,7 +85,11 @@ def user(text: str) -> dict[str, Any]:
 
 
 async def served_turn(
-    store: SqliteStore, who: StoreIdentity, conversation: str, model: Any, messages: list[dict[str, Any]]
+    store: SqliteStore | PostgresStore,
+    who: StoreIdentity,
+    conversation: str,
+    model: Any,
+    messages: list[dict[str, Any]],
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """A persisted turn through the stream response; returns the wire chunks and the stored message."""
     run = await start_agent_run(
@@ -180,6 +184,36 @@ async def test_the_finish_chunk_and_the_stored_message_carry_the_token_usage(
     assert wire[-1] == {"type": "finish", "finishReason": "stop", "messageMetadata": expected}
     assert stored["metadata"] == expected
     assert assemble_ui_messages(wire, history)[-1] == stored
+
+
+async def test_the_finished_runs_event_carries_the_usage_in_sqlite(
+    provider_url: str, sqlite_store: SqliteStore
+) -> None:
+    await check_usage_event(provider_url, sqlite_store)
+
+
+async def test_the_finished_runs_event_carries_the_usage_in_postgres(
+    provider_url: str, postgres_store: PostgresStore
+) -> None:
+    await check_usage_event(provider_url, postgres_store)
+
+
+async def check_usage_event(provider_url: str, store: SqliteStore | PostgresStore) -> None:
+    """The `run.completed` event holds the usage per request and per turn, as the finish chunk did."""
+    model = OpenAIChatModel("fake", provider=OpenAIProvider(base_url=f"{provider_url}/v1", api_key="k"))
+    who = StoreIdentity(user_id=str(uuid.uuid4()))
+    conversation = (await store.create_conversation(who, title="t")).id
+    wire, _ = await served_turn(store, who, conversation, model, [user("hi")])
+    events = await store.list_events(who, conversation)
+    [finished] = [event for event in events if event.type == "run.completed"]
+    usage = wire[-1]["messageMetadata"]
+    assert (
+        finished.data["usage"] == usage["usage"] == {"inputTokens": 22, "outputTokens": 14, "totalTokens": 36}
+    )
+    assert finished.data["requestUsage"] == usage["requestUsage"]
+    assert len(finished.data["requestUsage"]) == 2
+    [started] = [event for event in events if event.type == "run.started"]
+    assert "usage" not in started.data
 
 
 async def test_usage_stays_out_of_the_stream_unless_asked() -> None:

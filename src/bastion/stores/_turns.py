@@ -227,8 +227,28 @@ def check_storable_message(message: dict[str, Any]) -> None:
         raise InvalidInputError()
 
 
-def run_event(run_id: str, status: str) -> dict[str, Any]:
-    return {"type": f"run.{status}", "data": {"runId": run_id, "status": status}}
+def run_event(run_id: str, status: str, message: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`run.<status>`; a finished run's event carries the token usage its response reported, if any."""
+    data: dict[str, Any] = {"runId": run_id, "status": status}
+    metadata = message.get("metadata") if message is not None else None
+    if isinstance(metadata, dict) and _is_usage(metadata.get("usage")):
+        data["usage"] = metadata["usage"]
+        requests = metadata.get("requestUsage")
+        if isinstance(requests, list) and all(_is_usage(request) for request in requests):
+            data["requestUsage"] = requests
+    return {"type": f"run.{status}", "data": data}
+
+
+_USAGE_KEYS: Final = frozenset({"inputTokens", "outputTokens", "totalTokens"})
+
+
+def _is_usage(value: Any) -> bool:
+    """The shape the stream's finish metadata gives usage (`usage_metadata=True`)."""
+    return (
+        isinstance(value, dict)
+        and set(value) == _USAGE_KEYS
+        and all(type(count) is int and count >= 0 for count in value.values())
+    )
 
 
 def replayed_result(result: dict[str, Any], name: str, tool_input: Any) -> Any:

@@ -677,7 +677,7 @@ class PostgresAgentPersistence(TurnPersistence):
         status = run_status(outcome.status, message)
         events = [
             *approval_request_events(message, known=state.pending_approval_ids),
-            run_event(state.run_id, status),
+            run_event(state.run_id, status, message),
         ]
         results = list(state.unrecorded_results)
         key = tail_key(context.identity, state.conversation_id)

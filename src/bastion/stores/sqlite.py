@@ -580,7 +580,7 @@ class SqliteAgentPersistence(TurnPersistence):
             raise InvalidInputError()
         events = [
             *approval_request_events(message, known=state.pending_approval_ids),
-            run_event(state.run_id, status),
+            run_event(state.run_id, status, message),
         ]
         results = list(state.unrecorded_results)
         params = _scope(context.identity, state.conversation_id) | {"run": state.run_id, "status": status}
