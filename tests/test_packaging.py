@@ -198,3 +198,17 @@ def test_the_core_brings_no_driver_server_or_provider() -> None:
     for provider in ("openai", "anthropic"):
         [forwarded] = [Requirement(text) for text in extras[provider]]
         assert (forwarded.name, forwarded.extras) == ("pydantic-ai-slim", {provider})
+
+
+def test_with_every_extra_installed_each_part_imports() -> None:
+    """The suite's environment has `bastion[test]`: each extra's part loads (the other half of the above)."""
+    import importlib
+
+    from bastion import stores
+
+    assert stores.PostgresStore.__name__ == "PostgresStore"
+    assert callable(stores.grant_application_role)
+    for module in ("bastion.mcp", "bastion.stores.credentials", "bastion.assistant.app"):
+        importlib.import_module(module)
+    for provider in ("openai", "anthropic"):
+        importlib.import_module(f"pydantic_ai.models.{provider}")

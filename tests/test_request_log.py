@@ -12,7 +12,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from bastion.auth import SupabaseEnv
-from bastion.request_log import JsonFormatter, RequestIdFilter, access_log_enabled, request_id
+from bastion.request_log import (
+    JsonFormatter,
+    RequestIdFilter,
+    access_log_enabled,
+    configure_logging,
+    request_id,
+)
 from bastion.worker import RequestContext, Route, create_agent_worker
 
 ENV = SupabaseEnv(url="https://project-ref.supabase.co", jwks={"keys": []}, jwt_secret="x" * 32)
@@ -135,3 +141,39 @@ async def test_json_lines_carry_the_request_id_and_the_extra_fields(records: Rec
         200,
     )
     assert line["message"].startswith("GET /hello 200 ")
+
+
+@pytest.fixture
+def restored_logging() -> Iterator[None]:
+    root, access = logging.getLogger(), logging.getLogger("bastion.access")
+    saved = (root.handlers[:], root.level, access.level)
+    yield
+    root.handlers[:], _, _ = saved
+    root.setLevel(saved[1])
+    access.setLevel(saved[2])
+
+
+def test_configure_logging_tags_lines_with_the_request_and_turns_on_the_access_log(
+    restored_logging: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BASTION_ACCESS_LOG", "yes")
+    configure_logging()
+    assert logging.getLogger("bastion.access").getEffectiveLevel() == logging.INFO
+    handler_log.warning("outside a request")
+    configure_logging(json_lines=True, access_log=False)
+    handler_log.warning("as json")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "WARNING bastion.tests.handler: outside a request"
+    assert json.loads(lines[1])["message"] == "as json"
+    assert json.loads(lines[1])["request_id"] is None
+
+
+async def test_text_lines_inside_a_request_carry_its_id(
+    restored_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure_logging()
+    async with worker() as client:
+        response = await client.get("/hello")
+    assert f"WARNING bastion.tests.handler [{response.headers['x-request-id']}]: handling hello" in (
+        capsys.readouterr().err
+    )
