@@ -436,6 +436,7 @@ class AgentStreamResult:
             self._approval_of[call_id] = "approved"
             approval_id = approval.get("id")
             origin = CallOrigin(approval_id=approval_id if isinstance(approval_id, str) else None)
+            self._approval_of[call_id] = "approved"
             runnable.append((item, call, origin))
         for chunk, result in await self._execute_all(runnable):
             yield chunk
