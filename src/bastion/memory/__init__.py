@@ -37,6 +37,7 @@ from bastion.memory.postgres import (
     apply_memory_migrations,
 )
 from bastion.memory.provider import AgentMemory, define_memory, render_recall
+from bastion.memory.routes import memory_routes
 
 __all__ = [
     "DEFAULT_NEAR_DUPLICATE_THRESHOLD",
@@ -65,6 +66,7 @@ __all__ = [
     "apply_memory_migrations",
     "chunk_text",
     "define_memory",
+    "memory_routes",
     "offline_embedder_available",
     "render_recall",
 ]
