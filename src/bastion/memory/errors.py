@@ -22,13 +22,13 @@ class MemoryDocumentConflictError(BastionError):
 
 
 class MemoryUnavailableError(BastionError):
-    """There is no signed-in user (or no tenant, where the application requires one) to remember for."""
+    """No signed-in user (or no tenant, for knowledge), or a write only the application server may make."""
 
     code: ClassVar[str] = "memory_unavailable"
     status: ClassVar[int] = 403
 
     def __init__(self) -> None:
-        super().__init__("Memory is only available to a signed-in user.")
+        super().__init__("Memory is not available to this caller.")
 
 
 class MemoryNotSupportedError(RuntimeError):
