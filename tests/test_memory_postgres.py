@@ -4,6 +4,7 @@ deduplication with history, recall stored per operation, versioned documents and
 
 from __future__ import annotations
 
+import asyncio
 import random
 from datetime import timedelta
 
@@ -209,6 +210,16 @@ async def test_the_same_fact_twice_is_one_memory(memory_store: PostgresMemorySto
     again = await memory_store.remember(alice, "  my name is ADA ", scope=SCOPE)
     assert (first.outcome, again.outcome) == ("created", "duplicate")
     assert again.memory_id == first.memory_id
+    assert len(await memory_store.list_memories(alice, scope=SCOPE)) == 1
+
+
+async def test_concurrent_writes_of_one_fact_make_one_memory(memory_store: PostgresMemoryStore) -> None:
+    alice = someone()
+    results = await asyncio.gather(
+        *(memory_store.remember(alice, "Works night shifts", scope=SCOPE) for _ in range(6))
+    )
+    assert sorted(r.outcome for r in results) == ["created"] + ["duplicate"] * 5
+    assert len({r.memory_id for r in results}) == 1
     assert len(await memory_store.list_memories(alice, scope=SCOPE)) == 1
 
 
