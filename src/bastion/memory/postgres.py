@@ -51,22 +51,34 @@ _SOURCES: Final = frozenset({"tool", "extract", "api"})
 
 _REMEMBER: Final = "select bastion.remember_memory(%s, %s, %s, %s::vector, %s, %s, %s)"
 _RECALL: Final = "select bastion.recall_memory(%s, %s, %s::vector, %s, %s, %s, %s)"
+# Exact: `offset 0` keeps the ORDER BY away from any index, so every visible row is compared (see
+# the migration); the text is read for the k nearest only.
 _SEARCH: Final = """
-with mine as materialized (
-  select memory_id, content, embedding from bastion.memories
-   where scope = %(scope)s and embedding_model = %(model)s and superseded_at is null
+with nearest as (
+  select id, distance from (
+    select id, embedding <=> %(query)s::vector as distance from bastion.memories
+     where scope = %(scope)s and embedding_model = %(model)s and superseded_at is null
+    offset 0
+  ) mine
+  order by distance limit %(k)s
 )
-select memory_id::text, content, 1 - (embedding <=> %(query)s::vector)
-  from mine order by embedding <=> %(query)s::vector limit %(k)s
+select m.memory_id::text, m.content, 1 - n.distance
+  from nearest n join bastion.memories m on m.id = n.id order by n.distance
 """
 _SEARCH_KNOWLEDGE: Final = """
-with shared as materialized (
-  select document_id, seq, content, embedding from bastion.knowledge_chunks
-   where collection = any (%(collections)s) and embedding_model = %(model)s
+with nearest as (
+  select id, distance from (
+    select id, embedding <=> %(query)s::vector as distance from bastion.knowledge_chunks
+     where collection = any (%(collections)s) and embedding_model = %(model)s
+    offset 0
+  ) shared
+  order by distance limit %(k)s
 )
-select s.document_id::text, d.title, s.seq, s.content, 1 - (s.embedding <=> %(query)s::vector)
-  from shared s join bastion.knowledge_documents d on d.id = s.document_id
- order by s.embedding <=> %(query)s::vector limit %(k)s
+select c.document_id::text, d.title, c.seq, c.content, 1 - n.distance
+  from nearest n
+  join bastion.knowledge_chunks c on c.id = n.id
+  join bastion.knowledge_documents d on d.id = c.document_id
+ order by n.distance
 """
 _LIST: Final = """
 select memory_id::text, content, source, created_at from bastion.memories

@@ -5,8 +5,10 @@
 --
 -- Embeddings are `vector` without a fixed dimension, with the model that made them on every row:
 -- rows of different models are never compared. Recall does not depend on an approximate index: it
--- takes the caller's own rows first (a materialized CTE over a btree the policy can use), then orders
--- them exactly, so k visible rows always give k results, whatever HNSW index an application adds.
+-- scans the caller's own rows (a btree the policy can use) inside a subquery fenced by `offset 0`,
+-- so no ORDER BY reaches an index, computes each distance there, and orders them exactly; only the
+-- k nearest rows are read again for their text. k visible rows always give k results, whatever
+-- HNSW index an application adds.
 --
 -- Error codes (SQLSTATE): BS403 forbidden write.
 
@@ -197,13 +199,13 @@ begin
   if found then
     return jsonb_build_object('outcome', 'duplicate', 'memory_id', v_memory);
   end if;
-  with mine as materialized (
-    select m.id, m.memory_id, m.embedding from bastion.memories m
-     where m.scope = p_scope and m.embedding_model = p_model and m.superseded_at is null
-  )
-  select mine.id, mine.memory_id, 1 - (mine.embedding <=> p_embedding)
-    into v_version, v_memory, v_similarity
-    from mine order by mine.embedding <=> p_embedding limit 1;
+  select mine.id, mine.memory_id, 1 - mine.distance into v_version, v_memory, v_similarity
+    from (
+      select m.id, m.memory_id, m.embedding <=> p_embedding as distance from bastion.memories m
+       where m.scope = p_scope and m.embedding_model = p_model and m.superseded_at is null
+      offset 0
+    ) mine
+   order by mine.distance limit 1;
   if v_version is not null and v_similarity >= p_threshold then
     update bastion.memories set superseded_at = now(), superseded_by = v_new where id = v_version;
   else
@@ -250,18 +252,20 @@ begin
   if p_query is null then
     return null;
   end if;
-  with mine as materialized (
-    select m.memory_id, m.content, m.embedding from bastion.memories m
-     where m.scope = p_scope and m.embedding_model = p_model and m.superseded_at is null
-  ), nearest as (
-    select mine.memory_id, mine.content, mine.embedding <=> p_query as distance
-      from mine order by mine.embedding <=> p_query limit p_k
-  ), shared as materialized (
-    select c.document_id, c.seq, c.content, c.embedding from bastion.knowledge_chunks c
-     where c.collection = any (coalesce(p_collections, '{}')) and c.embedding_model = p_model
+  with nearest as (
+    select mine.id, mine.distance from (
+      select m.id, m.embedding <=> p_query as distance from bastion.memories m
+       where m.scope = p_scope and m.embedding_model = p_model and m.superseded_at is null
+      offset 0
+    ) mine
+    order by mine.distance limit p_k
   ), chunks as (
-    select shared.document_id, shared.seq, shared.content, shared.embedding <=> p_query as distance
-      from shared order by shared.embedding <=> p_query limit p_k
+    select shared.id, shared.distance from (
+      select c.id, c.embedding <=> p_query as distance from bastion.knowledge_chunks c
+       where c.collection = any (coalesce(p_collections, '{}')) and c.embedding_model = p_model
+      offset 0
+    ) shared
+    order by shared.distance limit p_k
   )
   select jsonb_build_object(
     'core', coalesce(
@@ -271,18 +275,20 @@ begin
     ),
     'memories', coalesce(
       (select jsonb_agg(
-         jsonb_build_object('id', n.memory_id, 'text', n.content, 'similarity', 1 - n.distance)
+         jsonb_build_object('id', m.memory_id, 'text', m.content, 'similarity', 1 - n.distance)
          order by n.distance
-       ) from nearest n),
+       ) from nearest n join bastion.memories m on m.id = n.id),
       '[]'::jsonb
     ),
     'knowledge', coalesce(
       (select jsonb_agg(
          jsonb_build_object(
-           'document_id', k.document_id, 'title', d.title, 'seq', k.seq, 'text', k.content,
+           'document_id', c.document_id, 'title', d.title, 'seq', c.seq, 'text', c.content,
            'similarity', 1 - k.distance
          ) order by k.distance
-       ) from chunks k join bastion.knowledge_documents d on d.id = k.document_id),
+       ) from chunks k
+         join bastion.knowledge_chunks c on c.id = k.id
+         join bastion.knowledge_documents d on d.id = c.document_id),
       '[]'::jsonb
     )
   ) into v_answer;
