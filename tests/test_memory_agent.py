@@ -111,6 +111,38 @@ async def test_another_user_recalls_nothing_of_it(app_store: PostgresStore) -> N
     assert not [part for part in parts if isinstance(part, SystemPromptPart)]
 
 
+async def test_remember_waits_for_approval_when_the_permission_map_asks_for_it(
+    app_store: PostgresStore,
+) -> None:
+    store = PostgresMemoryStore(app_store, embedder=HashingEmbedder(64))
+    memory = memory_for(store)
+    ada = someone()
+    conversation = await app_store.create_conversation(ada)
+    turn = TurnContext(identity=ada, conversation_id=conversation.id, request_id=str(uuid.uuid4()))
+    run = await start_agent_run(
+        persistence=app_store.persistence(),
+        context=turn,
+        messages=[user("I am Ada")],
+        trigger="submit-message",
+    )
+    agent = define_agent(
+        name="careful",
+        instructions="",
+        tools=memory.tools,
+        permissions={"remember": ToolPolicy(needs_approval=True), "forget": ToolPolicy()},
+        context_messages=memory.context_messages,
+    )
+    session = await agent.prepare(
+        context=Ctx(identity=ada, operation=run.state.run_id), execute_tool=run.execute_tool
+    )
+    model = ScriptedModel([Call("remember", {"fact": "The user's name is Ada"})])
+    chunks = [chunk async for chunk in await session.stream(model=model, messages=run.messages)]
+    await run.finish(status="completed")
+    await session.close()
+    assert "tool-approval-request" in [chunk["type"] for chunk in chunks]
+    assert await store.list_memories(ada, scope=SCOPE) == []
+
+
 async def test_forget_through_the_tool_removes_the_memory(app_store: PostgresStore) -> None:
     store = PostgresMemoryStore(app_store, embedder=HashingEmbedder(64))
     memory = memory_for(store)
