@@ -12,7 +12,12 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, Final
 
-import psycopg
+from bastion._extras import missing_extra
+
+try:
+    import psycopg
+except ImportError as error:
+    raise missing_extra("bastion.memory", "memory", error) from error
 
 from bastion.memory._text import check_scope
 from bastion.memory.entities import MemoryDocument

@@ -15,7 +15,12 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Final
 
-import psycopg
+from bastion._extras import missing_extra
+
+try:
+    import psycopg
+except ImportError as error:
+    raise missing_extra("bastion.memory", "memory", error) from error
 
 from bastion.memory._text import check_memory_text, check_scope, content_hash, vector_literal
 from bastion.memory.chunking import chunk_text
