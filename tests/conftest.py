@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bastion.stores import PostgresStore, SqliteStore, apply_migrations
+from tests.memory_db import memory_database, memory_store  # noqa: F401  (memory's fixtures)
 from tests.pg import PostgresCluster
 
 

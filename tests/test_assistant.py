@@ -455,6 +455,10 @@ async def test_a_person_signs_in_chats_approves_reloads_and_a_second_user_sees_n
     assert steps["reloaded"]["userTexts"] == ["hello there", "remember that the launch is on Friday"]
     assert steps["reloaded"]["cards"] == ["output-available"]
     assert steps["reloaded"]["conversations"] == ["hello there"]
+    assert steps["remembered"]["memories"] == ["The user's name is Ada."]
+    assert any("Your name is Ada" in text for text in steps["recalled"]["texts"])
+    assert steps["forgotten"]["memories"] == 0
+    assert steps["secondUser"]["memories"] == 0
     assert steps["secondUser"]["conversations"] == []
     assert steps["secondUser"]["messages"] == 0
     assert steps["secondUser"]["probe"]["status"] == 404

@@ -25,3 +25,10 @@ async def test_the_loop_benchmark_runs_verified_turns(capsys: pytest.CaptureFixt
     assert await bench.bare_turn() > bench.WORDS
     await bench.main(rounds=1, turns=1)
     assert "ratio" in capsys.readouterr().out
+
+
+async def test_the_memory_recall_benchmark_runs_on_a_tiny_corpus() -> None:
+    bench = load("memory_recall")
+    lines = await bench.run(memories=200, users=4, chunks=40, tenants=2, dimensions=8, samples=2, turns=1)
+    assert any(line.startswith("| memories: bastion") and "5.00 of 5" in line for line in lines)
+    assert lines[-1].startswith("A turn with memory off")

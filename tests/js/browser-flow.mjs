@@ -80,6 +80,19 @@ try {
   await page.screenshot({ path: request.screenshot, fullPage: true });
   const adaUrl = page.url();
 
+  await page.click('#new');
+  await sendMessage(page, 'my name is Ada');
+  await page.waitForSelector('#memories li');
+  steps.remembered = {
+    memories: await page.$$eval('#memories .memory-text', nodes => nodes.map(node => node.textContent)),
+  };
+  await page.click('#new');
+  await sendMessage(page, 'what is my name?');
+  steps.recalled = { texts: await assistantTexts(page) };
+  await page.goto(adaUrl);
+  await page.reload();
+  await page.waitForSelector('.tool-card[data-tool="save_note"]');
+
   await page.click('#sign-out');
   await signIn(page, 'bob');
   await page.goto(adaUrl);
@@ -97,10 +110,18 @@ try {
     [conversationId, token],
   );
   steps.secondUser = {
+    memories: await page.$$eval('#memories li', nodes => nodes.length),
     conversations: await page.$$eval('#conversations button', nodes => nodes.map(node => node.textContent)),
     messages: await page.$$eval('.message', nodes => nodes.length),
     probe,
   };
+
+  await page.click('#sign-out');
+  await signIn(page, 'ada');
+  await page.waitForSelector('#memories li');
+  await page.click('#memories li button.forget');
+  await page.waitForSelector('#no-memories:not([hidden])');
+  steps.forgotten = { memories: await page.$$eval('#memories li', nodes => nodes.length) };
 } finally {
   await browser.close();
 }

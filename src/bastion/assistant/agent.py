@@ -21,6 +21,8 @@ from bastion import (
     tool,
 )
 from bastion.auth import Principal
+from bastion.memory import AgentMemory
+from bastion.stores import StoreIdentity
 
 __all__ = ["AssistantContext", "NoteBook", "assistant_agent"]
 
@@ -29,6 +31,10 @@ MAX_NOTE_LENGTH = 2000
 INSTRUCTIONS = """You are bastion's reference assistant. Be brief and concrete.
 You can look up who the user is, list their notes and save a new note (the user approves each save).
 Never claim to have saved a note unless the save_note tool returned it."""
+
+MEMORY_INSTRUCTIONS = """You remember lasting facts about the user across conversations: call remember
+with one fact in a full sentence when the user tells you something worth keeping, and forget with a
+memory's id when they ask you to. What you remember is shown to you before their message."""
 
 NOTE_WRITING = """Good notes are short: one fact per note, written so that it still makes sense in a month.
 Put the date in the note when it matters. Do not store passwords or other secrets in notes."""
@@ -50,6 +56,8 @@ class AssistantContext:
     conversation_id: str
     notes: NoteBook
     remote_tools: Callable[[], Awaitable[AgentTools]] | None = field(default=None, repr=False)
+    identity: StoreIdentity | None = field(default=None, repr=False)
+    operation_id: str | None = None
 
 
 def _local_tools(context: AssistantContext) -> list[Tool]:
@@ -88,8 +96,8 @@ def _local_tools(context: AssistantContext) -> list[Tool]:
     return [get_identity, list_notes, save_note]
 
 
-async def _tools(context: AssistantContext) -> AgentTools:
-    local = _local_tools(context)
+async def _tools(context: AssistantContext, memory: AgentMemory[AssistantContext] | None) -> AgentTools:
+    local = _local_tools(context) + (memory.tools(context) if memory is not None else [])
     if context.remote_tools is None:
         return AgentTools(tools=local)
     remote = await context.remote_tools()
@@ -112,8 +120,11 @@ def _may_write_notes(context: AssistantContext, call: ToolCall) -> bool:
     return not context.principal.is_anonymous
 
 
-def assistant_agent(*, remote_tool_names: Sequence[str] = ()) -> Agent[AssistantContext]:
-    """The assistant; `remote_tool_names` are the MCP tools the permission map admits."""
+def assistant_agent(
+    *, remote_tool_names: Sequence[str] = (), memory: AgentMemory[AssistantContext] | None = None
+) -> Agent[AssistantContext]:
+    """The assistant; `remote_tool_names` are the MCP tools the permission map admits. With `memory`
+    it recalls what it knows about the user each turn and may remember and forget facts."""
     permissions: dict[str, ToolPolicy[AssistantContext]] = {
         "get_identity": ToolPolicy(model_output=_identity_for_model),
         "list_notes": ToolPolicy(),
@@ -123,16 +134,22 @@ def assistant_agent(*, remote_tool_names: Sequence[str] = ()) -> Agent[Assistant
         ),
         "load_skill": ToolPolicy(),
     }
+    if memory is not None:
+        permissions[memory.remember_name] = ToolPolicy()
+        permissions[memory.forget_name] = ToolPolicy()
     for name in remote_tool_names:
         permissions[name] = ToolPolicy(needs_approval=True)
 
     async def load_note_writing() -> str:
         return NOTE_WRITING
 
+    async def tools(context: AssistantContext) -> AgentTools:
+        return await _tools(context, memory)
+
     return define_agent(
         name="assistant",
-        instructions=INSTRUCTIONS,
-        tools=_tools,
+        instructions=INSTRUCTIONS if memory is None else f"{INSTRUCTIONS}\n{MEMORY_INSTRUCTIONS}",
+        tools=tools,
         skills=[
             Skill(
                 name="note-writing",
@@ -142,4 +159,5 @@ def assistant_agent(*, remote_tool_names: Sequence[str] = ()) -> Agent[Assistant
         ],
         permissions=permissions,
         max_steps=6,
+        context_messages=memory.context_messages if memory is not None else None,
     )

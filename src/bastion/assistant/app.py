@@ -47,6 +47,17 @@ from bastion.assistant.schemas import (
 from bastion.auth import Principal, SupabaseEnv, TokenVerifier
 from bastion.chat_request import UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END, ChatRequest
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
+from bastion.memory import (
+    AgentMemory,
+    Embedder,
+    HashingEmbedder,
+    OfflineEmbedder,
+    PostgresMemoryStore,
+    define_memory,
+    memory_routes,
+    offline_embedder_available,
+)
+from bastion.memory.offline import NEAR_DUPLICATE_THRESHOLD
 from bastion.persistence import AgentRun
 from bastion.stores import (
     InvalidInputError,
@@ -65,6 +76,7 @@ __all__ = ["AssistantApp", "build_routes"]
 logger = logging.getLogger("bastion.assistant")
 
 TITLE_LENGTH = 80
+MEMORY_SCOPE = "assistant"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css"}
 
@@ -81,10 +93,18 @@ class AssistantApp:
     remote_tools: Callable[[Principal], Callable[[], Awaitable[AgentTools]]] | None = None
     remote_tool_names: tuple[str, ...] = ()
     user_credentials: UserCredentials | None = None
+    embedder: Embedder | None = None
     agent: Any = field(init=False)
 
     def __post_init__(self) -> None:
-        self.agent = assistant_agent(remote_tool_names=self.remote_tool_names)
+        self.memory_store = _memory_store(self.store, self.embedder)
+        self.memory: AgentMemory[AssistantContext] = define_memory(
+            store=self.memory_store,
+            identity=lambda context: context.identity,
+            operation_id=lambda context: context.operation_id,
+            scope=MEMORY_SCOPE,
+        )
+        self.agent = assistant_agent(remote_tool_names=self.remote_tool_names, memory=self.memory)
         self.persistence = self.store.persistence(history_window=self.history_window)
         self.demo = self.model is None
         self.active_model: Model = self.model or demo_model()
@@ -123,6 +143,8 @@ class AssistantApp:
             conversation_id=conversation_id,
             notes=PostgresNoteBook(self.store, identity),
             remote_tools=self.remote_tools(principal) if self.remote_tools is not None else None,
+            identity=identity,
+            operation_id=run.state.run_id,
         )
         session = None
         try:
@@ -316,6 +338,7 @@ def build_routes(app: AssistantApp) -> list[Route]:
     return [
         Route(method="POST", path="/api/chat", auth="user", handler=app.chat),
         *conversation_routes(app.store),
+        *memory_routes(app.memory_store, scope=MEMORY_SCOPE),
         Route(method="GET", path="/api/connections/mcp", auth="user", handler=app.connection_status),
         Route(method="PUT", path="/api/connections/mcp", auth="user", handler=app.connect),
         Route(method="DELETE", path="/api/connections/mcp", auth="user", handler=app.disconnect),
@@ -333,6 +356,18 @@ def build_routes(app: AssistantApp) -> list[Route]:
         Route(method="GET", path="/", auth="none", handler=app.page),
         Route(method="GET", path="/static/{name}", auth="none", handler=app.static),
     ]
+
+
+def _memory_store(store: PostgresStore, embedder: Embedder | None) -> PostgresMemoryStore:
+    """The configured embedder; else the offline model (the `memory-offline` extra); else lexical hashing."""
+    if embedder is not None:
+        return PostgresMemoryStore(store, embedder=embedder)
+    if offline_embedder_available():
+        return PostgresMemoryStore(
+            store, embedder=OfflineEmbedder(), near_duplicate_threshold=NEAR_DUPLICATE_THRESHOLD
+        )
+    logger.info("Memory recalls by shared words: install bastion[memory-offline] to recall by meaning.")
+    return PostgresMemoryStore(store, embedder=HashingEmbedder())
 
 
 def _principal(context: RequestContext) -> Principal:

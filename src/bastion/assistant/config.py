@@ -7,12 +7,16 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic_ai.models import Model
 
 from bastion._extras import missing_extra
 
-__all__ = ["AssistantConfig", "ConfigError", "resolve_model"]
+if TYPE_CHECKING:
+    from bastion.memory import Embedder
+
+__all__ = ["AssistantConfig", "ConfigError", "resolve_embedder", "resolve_model"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -50,6 +54,10 @@ class AssistantConfig:
     mcp_auth: str = "app"
     credentials_key: str | None = field(default=None, repr=False)
     history_window: int = DEFAULT_HISTORY_WINDOW
+    embedding_model: str | None = None
+    embedding_dimensions: int | None = None
+    embedding_base_url: str | None = None
+    embedding_api_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> AssistantConfig:
@@ -83,6 +91,12 @@ class AssistantConfig:
             "credentials_key": text("BASTION_CREDENTIALS_KEY"),
             "history_window": _positive_int("BASTION_HISTORY_WINDOW", text("BASTION_HISTORY_WINDOW"))
             or DEFAULT_HISTORY_WINDOW,
+            "embedding_model": text("BASTION_EMBEDDING_MODEL"),
+            "embedding_dimensions": _positive_int(
+                "BASTION_EMBEDDING_DIMENSIONS", text("BASTION_EMBEDDING_DIMENSIONS")
+            ),
+            "embedding_base_url": text("BASTION_EMBEDDING_BASE_URL"),
+            "embedding_api_key": text("BASTION_EMBEDDING_API_KEY"),
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         config = cls(**values)  # type: ignore[arg-type]
@@ -112,6 +126,17 @@ class AssistantConfig:
             )
         if self.model_base_url is not None and self.model is None:
             raise ConfigError("BASTION_MODEL_BASE_URL needs BASTION_MODEL, the model name the server knows.")
+        embedding_settings = (self.embedding_dimensions, self.embedding_base_url, self.embedding_api_key)
+        if self.embedding_model is None and any(value is not None for value in embedding_settings):
+            raise ConfigError(
+                "BASTION_EMBEDDING_DIMENSIONS, _BASE_URL and _API_KEY need BASTION_EMBEDDING_MODEL, "
+                "the embedding model's name."
+            )
+        if self.embedding_model is not None and self.embedding_dimensions is None:
+            raise ConfigError(
+                "BASTION_EMBEDDING_MODEL needs BASTION_EMBEDDING_DIMENSIONS, the length of its vectors "
+                "(1536 for text-embedding-3-small)."
+            )
 
     @property
     def loopback(self) -> bool:
@@ -154,6 +179,20 @@ def _served_model_name(model: str) -> str:
         if model.startswith(prefix) and len(model) > len(prefix):
             return model[len(prefix) :]
     return model
+
+
+def resolve_embedder(config: AssistantConfig) -> Embedder | None:
+    """The configured OpenAI-compatible embeddings endpoint, or None (the offline or lexical default)."""
+    if config.embedding_model is None or config.embedding_dimensions is None:
+        return None
+    from bastion.memory import OpenAIEmbedder
+
+    return OpenAIEmbedder(
+        model=config.embedding_model,
+        dimensions=config.embedding_dimensions,
+        base_url=config.embedding_base_url or "https://api.openai.com/v1",
+        api_key=config.embedding_api_key,
+    )
 
 
 def resolve_model(config: AssistantConfig) -> Model | None:

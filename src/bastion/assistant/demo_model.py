@@ -1,7 +1,8 @@
 """The offline demo model: deterministic, no provider, and honest about being a demo.
 
 It reads the latest user message and walks the real paths a model would: it streams text word by
-word, calls a tool, asks to save a note (which needs approval), and loads a skill. It is pydantic-ai's
+word, calls a tool, asks to save a note (which needs approval), loads a skill, remembers the user's
+name and answers "what is my name?" from the memory recalled for the turn. It is pydantic-ai's
 `FunctionModel`, so the loop cannot tell it from a provider.
 """
 
@@ -12,9 +13,10 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart, UserPromptPart
+from pydantic_ai.messages import ModelMessage, ModelRequest, SystemPromptPart, ToolReturnPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
+from bastion.memory.provider import RECALL_HEADER
 from bastion.policies import GENERIC_TOOL_ERROR
 
 __all__ = ["DEMO_NOTICE", "demo_model"]
@@ -22,8 +24,8 @@ __all__ = ["DEMO_NOTICE", "demo_model"]
 DEMO_NOTICE = "This is bastion's offline demo model; set BASTION_MODEL to use a real one."
 
 _HELP = (
-    "Try: “who am I?”, “remember that the launch is on Friday”, “show my notes”, "
-    "or “how should I write notes?”."
+    "Try: “who am I?”, “my name is Ada”, “what is my name?”, “remember that the launch is on Friday”, "
+    "“show my notes”, or “how should I write notes?”."
 )
 
 
@@ -40,6 +42,11 @@ async def _respond(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterat
             yield word
         return
     text = _latest_user_text(messages).strip()
+    recalled = _recalled_answer(text, messages)
+    if recalled is not None:
+        for word in _words(recalled):
+            yield word
+        return
     call = _choose_tool(text, offered)
     if call is not None:
         name, arguments = call
@@ -56,6 +63,9 @@ def _choose_tool(text: str, offered: set[str]) -> tuple[str, dict[str, Any]] | N
     def says(pattern: str) -> bool:
         return re.search(pattern, lowered) is not None
 
+    name = re.match(r"^(?:my name is|call me)\s+([^.,!?]{1,80})", text, flags=re.IGNORECASE)
+    if name and "remember" in offered:
+        return "remember", {"fact": f"The user's name is {name.group(1).strip()}."}
     remember = re.match(r"^(?:please\s+)?(?:remember|note)(?:\s+that)?[:\s]+(.+)$", text, flags=re.IGNORECASE)
     if remember and "save_note" in offered:
         return "save_note", {"text": remember.group(1).strip()[:500]}
@@ -70,6 +80,26 @@ def _choose_tool(text: str, offered: set[str]) -> tuple[str, dict[str, Any]] | N
     if search and remote_search:
         return remote_search[0], {"query": search.group(1).strip()[:200]}
     return None
+
+
+def _recalled_answer(text: str, messages: list[ModelMessage]) -> str | None:
+    """ "What is my name?" answered from this turn's recalled memory, as a model reading it would."""
+    if not re.search(r"\bwhat(?: is|'s) my name\b", text, flags=re.IGNORECASE):
+        return None
+    recall = _latest_recall(messages)
+    found = re.search(r"The user's name is ([^.\n]+)", recall)
+    if found is None:
+        return f"I don't know your name yet. Tell me “my name is …” and I will remember it. ({DEMO_NOTICE})"
+    return f"Your name is {found.group(1)}: I remembered it from an earlier conversation. ({DEMO_NOTICE})"
+
+
+def _latest_recall(messages: list[ModelMessage]) -> str:
+    for message in reversed(messages):
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if isinstance(part, SystemPromptPart) and part.content.startswith(RECALL_HEADER):
+                    return part.content
+    return ""
 
 
 def _latest_tool_result(messages: list[ModelMessage]) -> ToolReturnPart | None:

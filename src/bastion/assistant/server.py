@@ -15,7 +15,7 @@ from typing import Any
 import uvicorn
 
 from bastion.assistant.app import AssistantApp
-from bastion.assistant.config import AssistantConfig, ConfigError, resolve_model
+from bastion.assistant.config import AssistantConfig, ConfigError, resolve_embedder, resolve_model
 from bastion.assistant.database import Database, DatabaseError, migrate, open_database
 from bastion.assistant.demo_model import DEMO_NOTICE
 from bastion.assistant.dev_auth import DevelopmentSignIn
@@ -124,7 +124,11 @@ async def running_assistant(
                 remote_tools=remote_tools(config, user_credentials=user_credentials),
                 remote_tool_names=remote_tool_names(config),
                 user_credentials=user_credentials,
+                embedder=resolve_embedder(config),
             )
+            purged = await app.memory_store.purge()
+            if purged:
+                progress(f"Purged {purged} expired memory operation records.")
             yield RunningAssistant(app=app, database=database, asgi=app.asgi())
         finally:
             await store.close()

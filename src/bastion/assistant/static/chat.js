@@ -6,6 +6,7 @@ const state = {
   conversations: [],
   current: null,
   messages: [],
+  memories: [],
   busy: false,
 };
 
@@ -78,6 +79,7 @@ function signOut() {
   state.token = null;
   state.current = null;
   state.messages = [];
+  state.memories = [];
   localStorage.removeItem('bastion.token');
   render();
 }
@@ -87,6 +89,24 @@ function signOut() {
 async function loadConversations() {
   const response = await api('/api/conversations');
   state.conversations = (await response.json()).conversations;
+}
+
+// --- Memories (what the assistant remembers about the signed-in user, across conversations) ---
+
+async function loadMemories() {
+  const response = await api('/api/memories');
+  state.memories = (await response.json()).memories;
+}
+
+async function forgetMemory(id) {
+  showError('');
+  try {
+    await api(`/api/memories/${id}`, { method: 'DELETE' });
+    await loadMemories();
+    render();
+  } catch (error) {
+    showError(error.message);
+  }
 }
 
 // A conversation is created by its first message, under an id chosen here (as the AI SDK client does).
@@ -231,6 +251,7 @@ async function submit(trigger = 'submit-message') {
     // The server's copy is canonical: continue from it, not from what this page assembled.
     await openConversation(state.current).catch(error => showError(error.message));
     loadConversations().then(render).catch(() => {});
+    loadMemories().then(render).catch(() => {});
   }
 }
 
@@ -315,6 +336,17 @@ function render() {
       ),
     ),
   );
+  $('#memories').replaceChildren(
+    ...state.memories.map(memory =>
+      element(
+        'li',
+        { 'data-id': memory.id },
+        element('span', { class: 'memory-text' }, memory.text),
+        element('button', { type: 'button', class: 'forget', onclick: () => forgetMemory(memory.id) }, 'Forget'),
+      ),
+    ),
+  );
+  $('#no-memories').hidden = state.memories.length > 0;
   $('#messages').replaceChildren(...state.messages.map(renderMessage));
   $('#send').disabled = state.busy;
   $('#status').textContent = state.busy ? 'Thinking…' : '';
@@ -324,7 +356,7 @@ async function start() {
   render();
   if (!state.token) return;
   try {
-    await loadConversations();
+    await Promise.all([loadConversations(), loadMemories()]);
     const fromUrl = location.hash.slice(1);
     if (fromUrl && state.conversations.some(c => c.id === fromUrl)) await openConversation(fromUrl);
     render();
