@@ -179,6 +179,7 @@ async def test_the_page_with_development_sign_in(
         assert state["scrollWidth"] <= 390
         assert state["messages"] >= 360 and state["prompt"] >= 250 and state["card"] >= 300
     assert not phone["closed"]["sidebarVisible"] and phone["opened"]["sidebarVisible"]
+    assert phone["focused"] == "new"  # the opened drawer has the focus; Escape closed it
     assert phone["approved"] == ["output-available"]
     assert len(list(shots.glob("*.png"))) >= 10
 

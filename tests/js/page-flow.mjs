@@ -434,9 +434,14 @@ async function phone() {
   await page.waitForFunction(() => getComputedStyle(document.querySelector('#sidebar')).visibility === 'visible');
   const opened = await measure();
   await screenshot(page, 'phone-menu');
+  const focused = await page.evaluate(() => document.activeElement?.id);
+  await page.keyboard.press('Escape');
+  await page.waitForFunction(() => getComputedStyle(document.querySelector('#sidebar')).visibility === 'hidden');
+  await page.click('.menu-button');
+  await page.waitForFunction(() => getComputedStyle(document.querySelector('#sidebar')).visibility === 'visible');
   await page.click('#conversations .conversation-title');
   await page.waitForFunction(() => getComputedStyle(document.querySelector('#sidebar')).visibility === 'hidden');
-  steps.phone = { closed, opened, approved: await cardStates(page) };
+  steps.phone = { closed, opened, focused, approved: await cardStates(page) };
   await context.close();
 }
 

@@ -23,6 +23,15 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
   const [problem, setProblem] = useState('');
   const [menuOpen, setMenuOpen] = useState(false);
 
+  // A refused token ends the session here as it does in the chat.
+  const report = useCallback(
+    error => {
+      if (error?.status === 401) onSignOut();
+      else setProblem(describeError(error));
+    },
+    [onSignOut],
+  );
+
   const refreshList = useCallback(async () => {
     const body = await api('/api/conversations');
     setConversations(body.conversations);
@@ -44,10 +53,10 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
         showInAddress(id);
         setMenuOpen(false);
       } catch (error) {
-        setProblem(describeError(error));
+        report(error);
       }
     },
-    [api],
+    [api, report],
   );
 
   useEffect(() => {
@@ -61,13 +70,22 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
       })
       .catch(error => {
         if (!live) return;
-        setProblem(describeError(error));
+        report(error);
         startNew();
       });
     return () => {
       live = false;
     };
-  }, [refreshList, open, startNew]);
+  }, [refreshList, open, startNew, report]);
+
+  // The drawer (narrow screens) takes the focus when it opens and closes with Escape.
+  useEffect(() => {
+    if (!menuOpen) return undefined;
+    document.querySelector('#sidebar #new')?.focus();
+    const close = event => event.key === 'Escape' && setMenuOpen(false);
+    window.addEventListener('keydown', close);
+    return () => window.removeEventListener('keydown', close);
+  }, [menuOpen]);
 
   async function rename(id, title) {
     try {
@@ -75,7 +93,7 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
       setConversations(list => list.map(item => (item.id === id ? { ...item, title: updated.title } : item)));
       return true;
     } catch (error) {
-      setProblem(describeError(error));
+      report(error);
       return false;
     }
   }
@@ -86,7 +104,7 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
       setConversations(list => list.filter(item => item.id !== id));
       if (current?.id === id) startNew();
     } catch (error) {
-      setProblem(describeError(error));
+      report(error);
     }
   }
 
