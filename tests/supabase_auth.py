@@ -4,7 +4,9 @@ It speaks the part of the Auth API that supabase-js uses from a browser, cross-o
 is: password sign-in (`/token?grant_type=password`), refresh (`grant_type=refresh_token`), magic links
 (`/otp`, then `/verify` redirecting with the session in the address), anonymous sign-in (`/signup`
 without an email), `/user`, `/logout`, `/settings`, and the JWKS the assistant verifies tokens with.
-The first session of each sign-in is short-lived, so supabase-js must refresh it before using it.
+The first session of each password sign-in is short-lived, so supabase-js must refresh it before using
+it; `/refuse-refresh` makes every later refresh fail, as for a revoked session, and later password
+sign-ins give sessions that have already expired, so the next use must refresh and cannot.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class AuthStandIn:
     refreshed: list[str] = field(default_factory=list)
     issued: list[str] = field(default_factory=list)
     sign_outs: int = 0
+    refuse_refresh: bool = False
     outbox: list[str] = field(default_factory=list)
     _refresh_tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
     _link_tokens: dict[str, str] = field(default_factory=dict)
@@ -57,6 +60,7 @@ class AuthStandIn:
                 Route("/auth/v1/user", self._user),
                 Route("/auth/v1/logout", self._logout, methods=["POST"]),
                 Route("/outbox", lambda request: JSONResponse({"links": self.outbox})),
+                Route("/refuse-refresh", self._refuse_refresh, methods=["POST"]),
             ],
             middleware=[
                 Middleware(
@@ -106,6 +110,11 @@ class AuthStandIn:
             "user": user,
         }
 
+    async def _refuse_refresh(self, request: Request) -> Response:
+        """The test's switch: every refresh from now on is refused, as for a revoked session."""
+        self.refuse_refresh = True
+        return Response(status_code=204)
+
     async def _settings(self, request: Request) -> Response:
         return JSONResponse({"external": {"email": True, "anonymous_users": True}, "disable_signup": False})
 
@@ -116,9 +125,13 @@ class AuthStandIn:
             email = body.get("email")
             if self.passwords.get(email) != body.get("password"):
                 return _error(400, "invalid_credentials", "Invalid login credentials")
-            return JSONResponse(self._session(self._user_for(email), SHORT_LIFETIME))
+            # Once refreshes are refused, a new session is already out of date, as after a long sleep.
+            lifetime = -1 if self.refuse_refresh else SHORT_LIFETIME
+            return JSONResponse(self._session(self._user_for(email), lifetime))
         if grant == "refresh_token":
             user = self._refresh_tokens.pop(body.get("refresh_token"), None)
+            if self.refuse_refresh:
+                user = None
             if user is None:
                 return _error(400, "refresh_token_not_found", "Invalid Refresh Token")
             session = self._session(user, LIFETIME)

@@ -230,3 +230,9 @@ async def test_the_page_with_supabase_sign_in(
     assert "access_token" not in magic["address"]
     assert steps["guest"]["user"] == "Guest"
     assert "offline demo model" in steps["guest"]["reply"]
+    assert steps["sessionEnded"] == {
+        "notice": "Your session has ended. Sign in again.",
+        "stored": [],
+        "hash": "",
+        "signOutVisible": False,
+    }

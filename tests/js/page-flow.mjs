@@ -506,6 +506,22 @@ async function supabase() {
   await page.waitForSelector('#sign-out');
   await sendAndWait(page, 'hello');
   steps.guest = { user: await page.textContent('#user-name-shown'), reply: await lastAssistantText(page) };
+
+  // A session the Auth server no longer refreshes ends on its own: the page says so, keeping nothing.
+  await page.click('#sign-out');
+  await page.waitForSelector('#sign-in-form');
+  await fetch(`${request.authUrl}/refuse-refresh`, { method: 'POST' });
+  await page.fill('#email', 'ada@example.com');
+  await page.fill('#password', request.password);
+  await page.click('#sign-in-form button[type=submit]');
+  await page.waitForSelector('#session-ended');
+  steps.sessionEnded = {
+    notice: await page.textContent('#session-ended'),
+    stored: await storedKeys(page),
+    hash: new URL(page.url()).hash,
+    signOutVisible: await page.isVisible('#sign-out'),
+  };
+  await screenshot(page, 'session-ended');
   await context.close();
 }
 

@@ -1,4 +1,4 @@
-import { useCallback, useEffect, useMemo, useState } from 'react';
+import { useCallback, useEffect, useMemo, useRef, useState } from 'react';
 import { authClient, forgetUser } from './auth.js';
 import SignIn from './SignIn.jsx';
 import Workspace from './Workspace.jsx';
@@ -28,12 +28,23 @@ export default function App() {
 function Session({ info }) {
   const client = useMemo(() => authClient(info), [info]);
   const [session, setSession] = useState(undefined);
+  const [ended, setEnded] = useState(false);
+  const signingOut = useRef(false);
 
   useEffect(() => {
     if (!client) return undefined;
     let live = true;
     client.auth.getSession().then(({ data }) => live && setSession(data.session ?? null));
-    const { data } = client.auth.onAuthStateChange((_event, next) => setSession(next ?? null));
+    const { data } = client.auth.onAuthStateChange((event, next) => {
+      // A session that ends by itself (a refresh refused) leaves no more behind than Sign out does.
+      if (event === 'SIGNED_OUT') {
+        forgetUser();
+        setEnded(!signingOut.current);
+        signingOut.current = false;
+      }
+      if (event === 'SIGNED_IN') setEnded(false);
+      setSession(next ?? null);
+    });
     return () => {
       live = false;
       data.subscription.unsubscribe();
@@ -47,10 +58,12 @@ function Session({ info }) {
   }, [client]);
 
   const signOut = useCallback(async () => {
+    signingOut.current = true;
     const { error } = await client.auth.signOut();
     if (error) await client.auth.signOut({ scope: 'local' });
     forgetUser();
     setSession(null);
+    setEnded(false);
   }, [client]);
 
   if (!client) {
@@ -63,7 +76,7 @@ function Session({ info }) {
     );
   }
   if (session === undefined) return <div className="center-page" aria-busy="true" />;
-  if (!session) return <SignIn client={client} info={info} />;
+  if (!session) return <SignIn client={client} info={info} ended={ended} />;
   // Keyed by user: another user gets a new workspace, with nothing of the previous one in memory.
   return <Workspace key={session.user.id} info={info} user={session.user} getToken={getToken} onSignOut={signOut} />;
 }

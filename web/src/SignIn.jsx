@@ -11,7 +11,7 @@ function authMessage(error) {
   return error.message || 'Sign-in failed. Try again.';
 }
 
-export default function SignIn({ client, info }) {
+export default function SignIn({ client, info, ended }) {
   const development = info.auth.mode === 'development';
   const [settings, setSettings] = useState({ anonymous: false, magicLink: !development });
   const [name, setName] = useState('');
@@ -72,6 +72,11 @@ export default function SignIn({ client, info }) {
         <h1>
           <img src="/static/favicon.svg" alt="" width="28" height="28" /> bastion assistant
         </h1>
+        {ended && !error && (
+          <p role="status" className="notice" id="session-ended">
+            Your session has ended. Sign in again.
+          </p>
+        )}
         {info.demo_model && (
           <p className="badge demo-badge" id="demo">
             Demo model: offline and scripted. Set BASTION_MODEL for a real model.
