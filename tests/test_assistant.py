@@ -1,5 +1,6 @@
-"""The reference assistant served for real: Postgres, development sign-in, the demo model, the HTTP API,
-the real AI SDK client through an approval round trip, and the web page in headless Chromium."""
+"""The reference assistant served for real: Postgres, development sign-in and its Supabase-shaped Auth API,
+the demo model, the HTTP API, the page's files, and the real AI SDK client through an approval round trip
+(the page itself runs in headless Chromium in test_web_page.py)."""
 
 from __future__ import annotations
 
