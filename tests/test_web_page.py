@@ -160,6 +160,9 @@ async def test_the_page_with_development_sign_in(
     assert not reloaded["errorShown"]
     if reloaded["resumeStatus"] != 404:
         assert f"word{SLOW_WORDS - 1}" in steps["resumed"]["text"]
+    else:  # no resume route yet: the page asked a stand-in for it, with the token, and showed the reply
+        assert steps["resumeStandIn"]["asked"] == [True]
+        assert steps["resumeStandIn"]["text"].startswith("A reply that was still running.")
     assert steps["deleted"]["titles"] == ["Launch plans"]
 
     signed_out = steps["signedOut"]

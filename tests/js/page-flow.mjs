@@ -339,7 +339,37 @@ async function development() {
   };
 
   // Reload in the middle of a reply: with the resume route, the reply carries on after the reload.
-  if (resumeStatus !== 404) {
+  // Without it, a stand-in for the route shows that the page asks it on opening a conversation and
+  // shows what it streams.
+  if (resumeStatus === 404) {
+    const chunks = [
+      { type: 'start', messageId: 'resumed-reply' },
+      { type: 'start-step' },
+      { type: 'text-start', id: 't1' },
+      { type: 'text-delta', id: 't1', delta: 'A reply that was **still running**.' },
+      { type: 'text-end', id: 't1' },
+      { type: 'finish-step' },
+      { type: 'finish' },
+    ];
+    const asked = [];
+    await page.route('**/api/chat/*/stream', route => {
+      asked.push(route.request().headers().authorization?.startsWith('Bearer ') ?? false);
+      return route.fulfill({
+        status: 200,
+        headers: { 'content-type': 'text/event-stream', 'x-vercel-ai-ui-message-stream': 'v1' },
+        body: [...chunks.map(chunk => `data: ${JSON.stringify(chunk)}\n\n`), 'data: [DONE]\n\n'].join(''),
+      });
+    });
+    await page.reload();
+    await page.waitForSelector('article[data-id="resumed-reply"] strong');
+    steps.resumeStandIn = {
+      asked,
+      text: await page.textContent('article[data-id="resumed-reply"]'),
+    };
+    await page.unroute('**/api/chat/*/stream');
+    await page.reload();
+    await page.waitForSelector('.tool-card[data-state="output-available"]');
+  } else {
     await send(page, 'slow please');
     await page.waitForFunction(() => /word3\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''));
     await page.reload();
