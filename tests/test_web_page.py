@@ -109,6 +109,7 @@ async def test_the_page_with_development_sign_in(
     markdown = steps["markdown"]
     assert markdown["whileStreaming"]["stopVisible"] and markdown["whileStreaming"]["items"] >= 1
     assert markdown["code"].strip() == "print('hello')"
+    assert markdown["copied"].strip() == "print('hello')"
     assert markdown["headers"] == ["Tool", "State"]
     assert markdown["items"] == ["Write the tests", "Ship it", "fast", "safe"]
     assert markdown["strong"] == ["plan"]
@@ -139,6 +140,9 @@ async def test_the_page_with_development_sign_in(
     assert "Save a note" in steps["approvalRequested"]["card"]
     assert "Needs your approval" in steps["approvalRequested"]["card"]
     assert "Saved “the launch is on Friday”" in steps["approved"]["card"]
+    assert steps["approved"]["rawHidden"]  # the raw JSON is one click away, not on the card
+    assert steps["approved"]["raw"]["input"] == {"text": "the launch is on Friday"}
+    assert steps["approved"]["raw"]["output"]["text"] == "the launch is on Friday"
     assert "save_note returned" in steps["approved"]["text"]
     assert "You denied this: “Not a secret for notes”. It did not run." in steps["denied"]["card"]
     assert "I did not do that" in steps["denied"]["text"]

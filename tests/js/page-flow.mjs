@@ -128,7 +128,10 @@ function unnamedControls(page) {
 }
 
 async function development() {
-  const context = await browser.newContext({ viewport: { width: 1200, height: 800 } });
+  const context = await browser.newContext({
+    viewport: { width: 1200, height: 800 },
+    permissions: ['clipboard-read', 'clipboard-write'],
+  });
   const page = await context.newPage();
   watch(page);
   const chatRequests = [];
@@ -174,6 +177,9 @@ async function development() {
     atBottom: await page.$eval('#messages', node => node.scrollHeight - node.scrollTop - node.clientHeight <= 48),
   };
   await screenshot(page, 'markdown');
+  await page.click('.message.assistant .copy-code');
+  await page.waitForSelector('.message.assistant .copy-code:text("Copied")');
+  steps.markdown.copied = await page.evaluate(() => navigator.clipboard.readText());
 
   // A multi-line message: Shift+Enter is a new line, Enter sends.
   await page.click('#prompt');
@@ -268,8 +274,13 @@ async function development() {
   await page.click('.tool-card[data-state="approval-requested"] .approve');
   await page.waitForSelector('.tool-card[data-tool="save_note"][data-state="output-available"]');
   await idle(page);
+  const done = '.tool-card[data-state="output-available"]';
+  const rawHidden = !(await page.isVisible(`${done} .tool-raw pre`));
+  await page.click(`${done} .tool-raw summary`);
   steps.approved = {
-    card: await page.textContent('.tool-card[data-state="output-available"]'),
+    card: await page.innerText(`${done} .tool-header`) + '\n' + (await page.innerText(`${done} .tool-output`)),
+    rawHidden,
+    raw: JSON.parse(await page.textContent(`${done} .tool-raw pre`)),
     text: await lastAssistantText(page),
   };
 
