@@ -1,5 +1,6 @@
-"""The reference assistant served for real: Postgres, development sign-in, the demo model, the HTTP API,
-the real AI SDK client through an approval round trip, and the web page in headless Chromium."""
+"""The reference assistant served for real: Postgres, development sign-in and its Supabase-shaped Auth API,
+the demo model, the HTTP API, the page's files, and the real AI SDK client through an approval round trip
+(the page itself runs in headless Chromium in test_web_page.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import uvicorn
 
 from bastion import ToolCall
 from bastion.assistant.agent import AssistantContext, _local_tools
+from bastion.assistant.app import AssistantApp
 from bastion.assistant.config import AssistantConfig
 from bastion.assistant.database import Database, migrate
 from bastion.assistant.dev_auth import DevelopmentSignIn
@@ -41,6 +43,7 @@ class Served:
     url: str
     config: AssistantConfig
     client: httpx2.AsyncClient
+    app: AssistantApp
 
     async def sign_in(self, user: str) -> dict[str, str]:
         response = await self.client.post(f"{self.url}/auth/dev/token", json={"user": user})
@@ -80,7 +83,7 @@ async def serve_assistant(
             await asyncio.sleep(0.01)
         try:
             async with httpx2.AsyncClient(timeout=30) as client:
-                yield Served(url=config.base_url, config=config, client=client)
+                yield Served(url=config.base_url, config=config, client=client, app=running.app)
         finally:
             server.should_exit = True
             await task
@@ -123,7 +126,12 @@ async def test_health_and_info_are_public_and_say_the_model_is_a_demo(served: Se
     health = await served.client.get(f"{served.url}/health")
     info = await served.client.get(f"{served.url}/api/info")
     assert health.json() == {"status": "ok"}
-    assert info.json() == {"demo_model": True, "model": "demo", "development_sign_in": True}
+    assert info.json() == {
+        "demo_model": True,
+        "model": "demo",
+        "development_sign_in": True,
+        "auth": {"mode": "development", "url": None, "publishable_key": None},
+    }
 
 
 async def test_api_routes_need_a_token(served: Served) -> None:
@@ -302,11 +310,90 @@ async def test_the_openapi_document_matches_the_routes(served: Served) -> None:
 
 async def test_the_page_and_its_assets_are_served(served: Served) -> None:
     page = await served.client.get(f"{served.url}/")
-    script = await served.client.get(f"{served.url}/static/chat.js")
+    script = await served.client.get(f"{served.url}/static/app.js")
+    icon = await served.client.get(f"{served.url}/static/favicon.svg")
     missing = await served.client.get(f"{served.url}/static/..%2Fapp.py")
     assert page.status_code == 200 and "bastion assistant" in page.text
+    assert '<script type="module" crossorigin src="/static/app.js">' in page.text
     assert script.headers["content-type"].startswith("text/javascript")
+    assert icon.headers["content-type"] == "image/svg+xml"
     assert missing.status_code == 404
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "connect-src 'self';" in policy
+    assert "frame-ancestors 'none'" in policy
+
+
+# The development Auth API: the part of Supabase Auth that supabase-js uses
+
+
+async def test_development_auth_signs_in_refreshes_and_names_the_user_like_supabase(served: Served) -> None:
+    auth = f"{served.url}/auth/v1"
+    signed_in = await served.client.post(
+        f"{auth}/token?grant_type=password", json={"email": "Ada@localhost", "password": "anything"}
+    )
+    assert signed_in.status_code == 200, signed_in.text
+    session = signed_in.json()
+    assert session["token_type"] == "bearer" and session["expires_at"] > session["expires_in"]
+    assert session["user"]["email"] == "ada@localhost"
+    headers = {"Authorization": f"Bearer {session['access_token']}"}
+    assert (await served.client.get(f"{served.url}/api/conversations", headers=headers)).status_code == 200
+    user = await served.client.get(f"{auth}/user", headers=headers)
+    assert user.json()["id"] == session["user"]["id"]
+
+    refreshed = await served.client.post(
+        f"{auth}/token?grant_type=refresh_token", json={"refresh_token": session["refresh_token"]}
+    )
+    assert refreshed.status_code == 200
+    assert refreshed.json()["user"]["id"] == session["user"]["id"]
+    assert refreshed.json()["access_token"] != session["access_token"]
+    logout = await served.client.post(f"{auth}/logout?scope=global", headers=headers)
+    assert logout.status_code == 204
+    settings = await served.client.get(f"{auth}/settings")
+    assert settings.json()["external"]["anonymous_users"] is False
+
+
+async def test_development_auth_refuses_what_it_did_not_issue(served: Served) -> None:
+    auth = f"{served.url}/auth/v1"
+    session = (
+        await served.client.post(f"{auth}/token?grant_type=password", json={"email": "ada@localhost"})
+    ).json()
+    # A refresh token is no access token, and an access token is no refresh token.
+    as_access = {"Authorization": f"Bearer {session['refresh_token']}"}
+    api = await served.client.get(f"{served.url}/api/conversations", headers=as_access)
+    assert api.status_code == 401
+    assert (await served.client.get(f"{auth}/user", headers=as_access)).status_code == 401
+    as_refresh = await served.client.post(
+        f"{auth}/token?grant_type=refresh_token", json={"refresh_token": session["access_token"]}
+    )
+    assert as_refresh.status_code == 400
+    for email in ("ada@example.com", "../admin@localhost", 42):
+        refused = await served.client.post(f"{auth}/token?grant_type=password", json={"email": email})
+        assert refused.status_code == 400 and refused.json()["code"] == "invalid_input"
+    grant = await served.client.post(f"{auth}/token?grant_type=id_token", json={})
+    assert grant.status_code == 400
+
+
+async def test_with_supabase_the_development_auth_is_gone_and_the_page_gets_the_project(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    async with serve_assistant(
+        pg_cluster,
+        tmp_path,
+        supabase_url="https://project-ref.supabase.co",
+        supabase_publishable_key="sb_publishable_abc",
+    ) as served:
+        info = (await served.client.get(f"{served.url}/api/info")).json()
+        token = await served.client.post(
+            f"{served.url}/auth/v1/token?grant_type=password", json={"email": "ada@localhost"}
+        )
+        page = await served.client.get(f"{served.url}/")
+    assert info["auth"] == {
+        "mode": "supabase",
+        "url": "https://project-ref.supabase.co",
+        "publishable_key": "sb_publishable_abc",
+    }
+    assert token.status_code == 404
+    assert "connect-src 'self' https://project-ref.supabase.co;" in page.headers["content-security-policy"]
 
 
 # The real AI SDK client, through an approval round trip, with events replayed by cursor
@@ -425,44 +512,6 @@ def chromium_path() -> str:
         if found:
             return found
     pytest.skip("Chromium is not installed: the test command installs it where it can")
-
-
-async def test_a_person_signs_in_chats_approves_reloads_and_a_second_user_sees_nothing(
-    served: Served, tmp_path: Path
-) -> None:
-    browser = chromium_path()
-    js_dir = ai_sdk_dir()
-    screenshot = tmp_path / "assistant.png"
-    process = await asyncio.create_subprocess_exec(
-        "node",
-        "browser-flow.mjs",
-        cwd=js_dir,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    request = {"url": f"{served.url}/", "chromium": browser, "screenshot": str(screenshot)}
-    stdout, stderr = await asyncio.wait_for(process.communicate(json.dumps(request).encode()), timeout=120)
-    assert process.returncode == 0, stderr.decode()[-3000:]
-    seen = json.loads(stdout)
-    steps = seen["steps"]
-    assert seen["pageErrors"] == []
-    assert steps["signInPage"] == {"devNoteVisible": True, "demoBadgeVisible": True}
-    assert "offline demo model" in " ".join(steps["firstReply"]["texts"])
-    assert "approval-requested" in steps["approvalRequested"]["cards"]
-    assert "the launch is on Friday" in steps["approved"]["output"]
-    assert any("save_note returned" in text for text in steps["approved"]["texts"])
-    assert steps["reloaded"]["userTexts"] == ["hello there", "remember that the launch is on Friday"]
-    assert steps["reloaded"]["cards"] == ["output-available"]
-    assert steps["reloaded"]["conversations"] == ["hello there"]
-    assert steps["remembered"]["memories"] == ["The user's name is Ada."]
-    assert any("Your name is Ada" in text for text in steps["recalled"]["texts"])
-    assert steps["forgotten"]["memories"] == 0
-    assert steps["secondUser"]["memories"] == 0
-    assert steps["secondUser"]["conversations"] == []
-    assert steps["secondUser"]["messages"] == 0
-    assert steps["secondUser"]["probe"]["status"] == 404
-    assert screenshot.stat().st_size > 0
 
 
 # An MCP server, configured for the whole assistant

@@ -32,12 +32,18 @@ from bastion.api import (
 )
 from bastion.assistant.agent import AssistantContext, assistant_agent
 from bastion.assistant.demo_model import demo_model
-from bastion.assistant.dev_auth import DevelopmentSignIn, InvalidUserNameError
+from bastion.assistant.dev_auth import DevelopmentSignIn, InvalidSessionError, InvalidUserNameError
 from bastion.assistant.notes import PostgresNoteBook
 from bastion.assistant.remote import UserCredentials
 from bastion.assistant.schemas import (
+    AuthConfig,
     ConnectionStatus,
     ConnectionToken,
+    DevelopmentAuthSettings,
+    DevelopmentAuthUser,
+    DevelopmentGrant,
+    DevelopmentGrantQuery,
+    DevelopmentSession,
     DevelopmentToken,
     DevelopmentTokenRequest,
     DevelopmentUser,
@@ -78,7 +84,13 @@ logger = logging.getLogger("bastion.assistant")
 TITLE_LENGTH = 80
 MEMORY_SCOPE = "assistant"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
-STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css"}
+STATIC_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript",
+    ".css": "text/css",
+    ".svg": "image/svg+xml",
+}
+DEVELOPMENT_EMAIL_DOMAIN = "@localhost"
 
 
 @dataclass
@@ -240,12 +252,19 @@ class AssistantApp:
 
     @operation(responses={200: Info})
     async def info(self, request: Request, context: RequestContext) -> Response:
-        """Which model runs and how users sign in."""
+        """Which model runs and how users sign in: the page's Supabase Auth client is made from `auth`
+        (in development, the Auth API below on this same server, so `url` is null)."""
+        if self.development_sign_in is not None:
+            auth = AuthConfig(mode="development", url=None, publishable_key=None)
+        else:
+            keys = list(self.env.publishable_keys.values())
+            auth = AuthConfig(mode="supabase", url=self.env.url, publishable_key=keys[0] if keys else None)
         return json_response(
             Info(
                 demo_model=self.demo,
                 model="demo" if self.demo else self.active_model.model_name,
                 development_sign_in=self.development_sign_in is not None,
+                auth=auth,
             )
         )
 
@@ -289,13 +308,88 @@ class AssistantApp:
             DevelopmentToken(access_token=token, token_type="bearer", expires_in=3600, user=user)
         )
 
-    @operation(responses={200: PlainBody("The chat page", ("text/html",))})
-    async def page(self, request: Request, context: RequestContext) -> Response:
-        """The chat page."""
-        return _static("index.html")
+    # The part of the Supabase Auth API that supabase-js uses, for development sign-in (loopback only)
 
     @operation(
-        responses={200: PlainBody("A script, style sheet or page", tuple(STATIC_TYPES.values()))},
+        body=DevelopmentGrant,
+        query=DevelopmentGrantQuery,
+        responses={200: DevelopmentSession},
+        errors=(404,),
+    )
+    async def auth_token(
+        self,
+        request: Request,
+        context: RequestContext,
+        *,
+        body: DevelopmentGrant,
+        query: DevelopmentGrantQuery,
+    ) -> Response:
+        """Sign in (`grant_type=password`: the email's local part is the user name, any password) or
+        refresh a session (`grant_type=refresh_token`), answering a Supabase Auth session."""
+        sign_in = self._development_auth()
+        if query.grant_type == "refresh_token":
+            try:
+                return json_response(DevelopmentSession.model_validate(sign_in.refresh(body.refresh_token)))
+            except (InvalidSessionError, InvalidUserNameError):
+                raise InvalidRequestError(str(InvalidSessionError()), field="refresh_token") from None
+        email = body.email or ""
+        if not email.lower().endswith(DEVELOPMENT_EMAIL_DOMAIN):
+            raise InvalidRequestError(f"Sign in as name{DEVELOPMENT_EMAIL_DOMAIN}.", field="email")
+        try:
+            session = sign_in.session(email[: -len(DEVELOPMENT_EMAIL_DOMAIN)])
+        except InvalidUserNameError as error:
+            raise InvalidRequestError(str(error), field="email") from None
+        return json_response(DevelopmentSession.model_validate(session))
+
+    @operation(responses={200: DevelopmentAuthUser}, errors=(401, 404))
+    async def auth_user(self, request: Request, context: RequestContext) -> Response:
+        """The signed-in development user, from the bearer token."""
+        sign_in = self._development_auth()
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        try:
+            if scheme.lower() != "bearer":
+                raise InvalidSessionError()
+            user = sign_in.user(sign_in.user_name(token.strip()))
+        except (InvalidSessionError, InvalidUserNameError):
+            return JSONResponse(
+                {"code": "invalid_session", "message": str(InvalidSessionError())}, status_code=401
+            )
+        return json_response(DevelopmentAuthUser.model_validate(user))
+
+    @operation(responses={204: None}, errors=(404,))
+    async def auth_logout(self, request: Request, context: RequestContext) -> Response:
+        """Sign out. Development tokens are not revoked: they end with their lifetime."""
+        self._development_auth()
+        return Response(status_code=204)
+
+    @operation(responses={200: DevelopmentAuthSettings}, errors=(404,))
+    async def auth_settings(self, request: Request, context: RequestContext) -> Response:
+        """Which sign-in methods there are: email only (no magic link, no anonymous sign-in)."""
+        self._development_auth()
+        return json_response(
+            DevelopmentAuthSettings(external={"email": True, "anonymous_users": False}, disable_signup=False)
+        )
+
+    def _development_auth(self) -> DevelopmentSignIn:
+        """The development sign-in; its routes are refused first by `development_sign_in_reachable`."""
+        if self.development_sign_in is None:
+            raise NotFoundError()
+        return self.development_sign_in
+
+    @operation(responses={200: PlainBody("The chat page", ("text/html",))})
+    async def page(self, request: Request, context: RequestContext) -> Response:
+        """The chat page. Its policy lets it load only its own files and talk only to this server and
+        the Supabase project, so an injected script or a link to elsewhere has nowhere to go."""
+        auth_origin = "" if self.development_sign_in is not None else f" {self.env.url}"
+        policy = (
+            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            f"connect-src 'self'{auth_origin}; object-src 'none'; base-uri 'none'; form-action 'self'; "
+            "frame-ancestors 'none'"
+        )
+        return _static("index.html", policy=policy)
+
+    @operation(
+        responses={200: PlainBody("A script, style sheet, icon or page", tuple(STATIC_TYPES.values()))},
         errors=(404,),
     )
     async def static(self, request: Request, context: RequestContext) -> Response:
@@ -353,6 +447,34 @@ def build_routes(app: AssistantApp) -> list[Route]:
             handler=app.development_token,
             authorize=app.development_sign_in_reachable,
         ),
+        Route(
+            method="POST",
+            path="/auth/v1/token",
+            auth="none",
+            handler=app.auth_token,
+            authorize=app.development_sign_in_reachable,
+        ),
+        Route(
+            method="GET",
+            path="/auth/v1/user",
+            auth="none",
+            handler=app.auth_user,
+            authorize=app.development_sign_in_reachable,
+        ),
+        Route(
+            method="POST",
+            path="/auth/v1/logout",
+            auth="none",
+            handler=app.auth_logout,
+            authorize=app.development_sign_in_reachable,
+        ),
+        Route(
+            method="GET",
+            path="/auth/v1/settings",
+            auth="none",
+            handler=app.auth_settings,
+            authorize=app.development_sign_in_reachable,
+        ),
         Route(method="GET", path="/", auth="none", handler=app.page),
         Route(method="GET", path="/static/{name}", auth="none", handler=app.static),
     ]
@@ -399,7 +521,7 @@ def _from_loopback(request: Request) -> bool:
         return False
 
 
-def _static(name: str) -> Response:
+def _static(name: str, *, policy: str = "frame-ancestors 'none'") -> Response:
     suffix = name[name.rfind(".") :] if "." in name else ""
     if "/" in name or name.startswith(".") or suffix not in STATIC_TYPES:
         raise NotFoundError()
@@ -413,6 +535,6 @@ def _static(name: str) -> Response:
             "cache-control": "no-cache",
             "x-content-type-options": "nosniff",
             "x-frame-options": "DENY",
-            "content-security-policy": "frame-ancestors 'none'",
+            "content-security-policy": policy,
         },
     )

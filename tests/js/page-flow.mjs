@@ -1,0 +1,583 @@
+// Drives the assistant's web page in headless Chromium as a person would, and prints what it saw as JSON.
+//
+// Input on stdin: {"url", "chromium", "shots" (a folder for screenshots), "mode": "development" | "supabase",
+//                  "authUrl" (the Auth stand-in, supabase mode), "password" (supabase mode)}
+// Output: {"steps": {...}, "pageErrors": [...], "consoleErrors": [...]} for the Python test to assert on.
+
+import { writeFile } from 'node:fs/promises';
+import { chromium } from 'playwright-core';
+
+const parts = [];
+for await (const part of process.stdin) parts.push(part);
+const request = JSON.parse(Buffer.concat(parts).toString('utf8'));
+
+const browser = await chromium.launch({
+  executablePath: request.chromium,
+  args: [
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-quic',
+    '--no-first-run',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+  ],
+});
+const steps = {};
+const pageErrors = [];
+const consoleErrors = [];
+let shot = 0;
+
+let lastPage = null;
+
+function watch(page) {
+  lastPage = page;
+  page.setDefaultTimeout(10000);
+  page.on('pageerror', error => pageErrors.push(String(error)));
+  page.on('console', message => {
+    // A refused request is logged by the browser itself; the page shows those in words.
+    if (message.type() === 'error' && !/Failed to load resource/.test(message.text())) {
+      consoleErrors.push(message.text());
+    }
+  });
+}
+
+async function screenshot(page, name) {
+  shot += 1;
+  await page.screenshot({ path: `${request.shots}/${String(shot).padStart(2, '0')}-${name}.png` });
+}
+
+const visibleText = page => page.evaluate(() => document.body.innerText);
+const idle = page => page.waitForSelector('#send');
+const assistantTexts = page =>
+  page.$$eval('.message.assistant .text', nodes => nodes.map(node => node.innerText));
+const lastAssistantText = async page => (await assistantTexts(page)).at(-1) ?? '';
+const cardStates = page => page.$$eval('.tool-card', nodes => nodes.map(node => node.dataset.state));
+const conversationTitles = page =>
+  page.$$eval('#conversations .conversation-title', nodes => nodes.map(node => node.textContent));
+
+async function send(page, text) {
+  await page.fill('#prompt', text);
+  await page.press('#prompt', 'Enter');
+}
+
+// Sent and answered: a new user message, an assistant message after it, and the Send button back.
+async function sendAndWait(page, text) {
+  const users = await page.$$eval('.message.user', nodes => nodes.length);
+  await send(page, text);
+  await page.waitForFunction(
+    count =>
+      document.querySelectorAll('.message.user').length > count &&
+      document.querySelector('#messages > article:last-of-type.assistant') &&
+      document.querySelector('#send'),
+    users,
+  );
+}
+
+// The server's run for the conversation has ended (its last run event is not `run.started`).
+async function runSettled(page) {
+  const id = new URL(page.url()).hash.slice(1);
+  const token = await bearer(page);
+  for (let tries = 0; tries < 150; tries += 1) {
+    const last = await page.evaluate(
+      async ([conversation, bearerToken]) => {
+        const response = await fetch(`/api/conversations/${conversation}/events`, {
+          headers: { authorization: `Bearer ${bearerToken}` },
+        });
+        const runs = (await response.json()).events.filter(event => event.type.startsWith('run.'));
+        return runs.at(-1)?.type ?? null;
+      },
+      [id, token],
+    );
+    if (last && last !== 'run.started') return;
+    await new Promise(done => setTimeout(done, 100));
+  }
+  throw new Error('The run did not settle.');
+}
+
+async function until(condition) {
+  for (let tries = 0; tries < 200 && !condition(); tries += 1) await new Promise(done => setTimeout(done, 50));
+}
+
+async function signInDevelopment(page, name) {
+  await page.goto(request.url);
+  await page.fill('#user-name', name);
+  await page.click('#sign-in-form button[type=submit]');
+  await page.waitForSelector('#sign-out');
+  await page.waitForSelector('#prompt');
+}
+
+async function storedKeys(page) {
+  return page.evaluate(() => [...Object.keys(localStorage), ...Object.keys(sessionStorage)]);
+}
+
+async function bearer(page) {
+  return page.evaluate(() => JSON.parse(localStorage.getItem('bastion.auth') || 'null')?.access_token ?? null);
+}
+
+function unnamedControls(page) {
+  return page.$$eval('button, input, textarea', nodes =>
+    nodes
+      .filter(node => {
+        const labelled = node.getAttribute('aria-label') || node.textContent.trim() || node.placeholder;
+        const label = node.id && document.querySelector(`label[for="${node.id}"]`);
+        return !labelled && !label;
+      })
+      .map(node => node.outerHTML.slice(0, 80)),
+  );
+}
+
+async function development() {
+  const context = await browser.newContext({
+    viewport: { width: 1200, height: 800 },
+    permissions: ['clipboard-read', 'clipboard-write'],
+  });
+  const page = await context.newPage();
+  watch(page);
+  const chatRequests = [];
+  const feedbackResponses = [];
+  page.on('request', r => {
+    if (r.url().endsWith('/api/chat') && r.method() === 'POST') chatRequests.push(JSON.parse(r.postData()).trigger);
+  });
+  page.on('response', r => {
+    if (r.url().endsWith('/feedback')) feedbackResponses.push(r.status());
+  });
+
+  await page.goto(request.url);
+  await page.waitForSelector('#sign-in-form');
+  steps.signInPage = {
+    devNoteVisible: await page.isVisible('#dev-sign-in-note'),
+    demoBadgeVisible: await page.isVisible('#demo'),
+    favicon: await page.evaluate(async () => {
+      const link = document.querySelector('link[rel=icon]');
+      const response = await fetch(link.href);
+      return { status: response.status, type: response.headers.get('content-type') };
+    }),
+  };
+  await screenshot(page, 'sign-in-development');
+
+  await signInDevelopment(page, 'ada');
+  steps.signedIn = { user: await page.textContent('#user-name-shown'), unnamed: await unnamedControls(page) };
+
+  // Markdown, seen while it streams and once it is done.
+  await send(page, 'markdown please');
+  await page.waitForSelector('#stop');
+  await page.waitForFunction(() => document.querySelector('.message.assistant .markdown li'));
+  const whileStreaming = await page.evaluate(() => ({
+    stopVisible: Boolean(document.querySelector('#stop')),
+    items: document.querySelectorAll('.message.assistant .markdown li').length,
+  }));
+  await idle(page);
+  steps.markdown = {
+    whileStreaming,
+    code: await page.textContent('.message.assistant .markdown pre code'),
+    headers: await page.$$eval('.message.assistant .markdown th', nodes => nodes.map(node => node.textContent)),
+    items: await page.$$eval('.message.assistant .markdown li', nodes => nodes.map(node => node.textContent)),
+    strong: await page.$$eval('.message.assistant .markdown strong', nodes => nodes.map(node => node.textContent)),
+    atBottom: await page.$eval('#messages', node => node.scrollHeight - node.scrollTop - node.clientHeight <= 48),
+  };
+  await screenshot(page, 'markdown');
+  await page.click('.message.assistant .copy-code');
+  await page.waitForSelector('.message.assistant .copy-code:text("Copied")');
+  steps.markdown.copied = await page.evaluate(() => navigator.clipboard.readText());
+
+  // A multi-line message: Shift+Enter is a new line, Enter sends.
+  await page.click('#prompt');
+  await page.keyboard.type('first line');
+  await page.keyboard.press('Shift+Enter');
+  await page.keyboard.type('second line');
+  const beforeSend = await page.inputValue('#prompt');
+  await page.keyboard.press('Enter');
+  await page.waitForFunction(
+    () =>
+      document.querySelectorAll('.message.user').length === 2 &&
+      document.querySelector('#messages > article:last-of-type.assistant') &&
+      document.querySelector('#send'),
+  );
+  steps.multiline = {
+    beforeSend,
+    bubble: await page.$$eval('.message.user .text', nodes => nodes.at(-1).textContent),
+    inputAfter: await page.inputValue('#prompt'),
+  };
+
+  // Regenerate the last reply.
+  const repliesBefore = await page.$$eval('.message.assistant', nodes => nodes.length);
+  const sentBefore = chatRequests.length;
+  await page.click('.regenerate');
+  await until(() => chatRequests.length > sentBefore);
+  await page.waitForSelector('#messages > article:last-of-type.assistant .regenerate');
+  steps.regenerated = {
+    triggers: [...chatRequests],
+    replies: [repliesBefore, await page.$$eval('.message.assistant', nodes => nodes.length)],
+    text: await lastAssistantText(page),
+  };
+
+  // Feedback with a comment on the regenerated reply (feedback belongs to the message it rates).
+  await page.click('.message.assistant:last-of-type .thumb.down');
+  await page.fill('.message.assistant:last-of-type .feedback-comment', 'Too short');
+  await page.click('.message.assistant:last-of-type .feedback-form button[type=submit]');
+  await page.waitForSelector('.feedback-sent');
+  steps.feedback = { shown: await page.textContent('.feedback-sent'), statuses: [...feedbackResponses] };
+  await screenshot(page, 'feedback');
+  // A long reply: scrolling up is respected while it streams; Stop ends it.
+  await send(page, 'slow please');
+  await page.waitForFunction(() => /word3\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''));
+  await page.$eval('#messages', node => {
+    node.scrollTop = 0;
+    node.dispatchEvent(new Event('scroll'));
+  });
+  const grownFrom = (await lastAssistantText(page)).length;
+  await page.waitForFunction(
+    length => (document.querySelector('#messages > article:last-of-type.assistant')?.innerText.length ?? 0) > length + 20,
+    grownFrom,
+  );
+  steps.scrolledUp = {
+    scrollTop: await page.$eval('#messages', node => node.scrollTop),
+    jumpVisible: await page.isVisible('#jump-to-latest'),
+  };
+  await page.click('#stop');
+  await idle(page);
+  const stoppedText = await lastAssistantText(page);
+  const stoppedScroll = await page.$eval('#messages', node => node.scrollTop);
+  await screenshot(page, 'stopped');
+  await runSettled(page);
+  steps.stopped = {
+    text: stoppedText,
+    textLater: await lastAssistantText(page),
+    errorShown: await page.isVisible('#chat-error'),
+    scrollTop: stoppedScroll,
+    jumpVisible: await page.isVisible('#jump-to-latest'),
+  };
+  if (await page.isVisible('#jump-to-latest')) await page.click('#jump-to-latest');
+
+  // A tool that needs approval: approved. Without the stop route the server finished the stopped
+  // reply on its own, so the first send meets its newer copy: the page shows it and keeps the text.
+  await send(page, 'remember that the launch is on Friday');
+  await page.waitForFunction(
+    () =>
+      document.querySelector('.tool-card[data-state="approval-requested"]') ||
+      document.querySelector('#chat-error')?.textContent.includes('changed elsewhere'),
+  );
+  if (await page.isVisible('#chat-error')) {
+    steps.stopped.recovered = {
+      error: await page.textContent('#chat-error'),
+      input: await page.inputValue('#prompt'),
+      text: await lastAssistantText(page),
+    };
+    await page.press('#prompt', 'Enter');
+  }
+  await page.waitForSelector('.tool-card[data-tool="save_note"][data-state="approval-requested"] .approve');
+  steps.approvalRequested = {
+    card: await page.textContent('.tool-card[data-state="approval-requested"]'),
+  };
+  await screenshot(page, 'approval');
+  await page.click('.tool-card[data-state="approval-requested"] .approve');
+  await page.waitForSelector('.tool-card[data-tool="save_note"][data-state="output-available"]');
+  await idle(page);
+  const done = '.tool-card[data-state="output-available"]';
+  const rawHidden = !(await page.isVisible(`${done} .tool-raw pre`));
+  await page.click(`${done} .tool-raw summary`);
+  steps.approved = {
+    card: await page.innerText(`${done} .tool-header`) + '\n' + (await page.innerText(`${done} .tool-output`)),
+    rawHidden,
+    raw: JSON.parse(await page.textContent(`${done} .tool-raw pre`)),
+    text: await lastAssistantText(page),
+  };
+
+  // And denied, with a reason.
+  await send(page, 'remember that the code is 1234');
+  await page.waitForSelector('.tool-card[data-state="approval-requested"] .deny');
+  await page.click('.tool-card[data-state="approval-requested"] .deny');
+  await page.fill('.tool-card .deny-reason', 'Not a secret for notes');
+  await page.click('.tool-card .deny-confirm');
+  await page.waitForSelector('.tool-card[data-state="output-denied"]');
+  await idle(page);
+  steps.denied = {
+    card: await page.textContent('.tool-card[data-state="output-denied"]'),
+    text: await lastAssistantText(page),
+  };
+  await screenshot(page, 'denied');
+  steps.toolCardsText = await page.$$eval('.tool-card', nodes => nodes.map(node => node.innerText).join('\n'));
+
+  // A model that fails: the page says so in words, without the provider's internals.
+  await send(page, 'fail please');
+  await page.waitForSelector('#chat-error');
+  await idle(page);
+  steps.modelError = { text: await page.textContent('#chat-error') };
+  await screenshot(page, 'model-error');
+
+  // A refused send keeps what was typed.
+  await page.route('**/api/chat', route =>
+    route.fulfill({
+      status: 409,
+      contentType: 'application/json',
+      body: JSON.stringify({ code: 'history_conflict', message: 'This conversation changed elsewhere. Reload it.' }),
+    }),
+  );
+  const usersBefore = await page.$$eval('.message.user', nodes => nodes.length);
+  await send(page, 'a message that is refused');
+  await page.waitForFunction(() => document.querySelector('#chat-error')?.textContent.includes('changed elsewhere'));
+  await page.waitForFunction(() => document.querySelector('#prompt').value !== '');
+  steps.refused = {
+    error: await page.textContent('#chat-error'),
+    input: await page.inputValue('#prompt'),
+    userMessages: [usersBefore, await page.$$eval('.message.user', nodes => nodes.length)],
+  };
+  await page.unroute('**/api/chat');
+  await page.fill('#prompt', '');
+
+  // The conversation is listed; rename it, and it stays renamed after a reload.
+  const firstId = new URL(page.url()).hash.slice(1);
+  await page.click(`#conversations li[data-id="${firstId}"] .rename`);
+  await page.fill('#conversations input[aria-label="Conversation title"]', 'Launch plans');
+  await page.press('#conversations input[aria-label="Conversation title"]', 'Enter');
+  await page.waitForFunction(() =>
+    [...document.querySelectorAll('#conversations .conversation-title')].some(node => node.textContent === 'Launch plans'),
+  );
+  await page.reload();
+  await page.waitForSelector('.tool-card[data-state="output-available"]');
+  // With the resume route, the page asked it for a reply in flight; without it, a 404 means none.
+  const resumeStatus = await page.evaluate(
+    async ([id, token]) => (await fetch(`/api/chat/${id}/stream`, { headers: { authorization: `Bearer ${token}` } })).status,
+    [firstId, await bearer(page)],
+  );
+  steps.reloaded = {
+    titles: await conversationTitles(page),
+    cards: await cardStates(page),
+    userTexts: await page.$$eval('.message.user .text', nodes => nodes.map(node => node.textContent)),
+    errorShown: await page.isVisible('#chat-error'),
+    resumeStatus,
+  };
+
+  // Reload in the middle of a reply: with the resume route, the reply carries on after the reload.
+  // Without it, a stand-in for the route shows that the page asks it on opening a conversation and
+  // shows what it streams.
+  if (resumeStatus === 404) {
+    const chunks = [
+      { type: 'start', messageId: 'resumed-reply' },
+      { type: 'start-step' },
+      { type: 'text-start', id: 't1' },
+      { type: 'text-delta', id: 't1', delta: 'A reply that was **still running**.' },
+      { type: 'text-end', id: 't1' },
+      { type: 'finish-step' },
+      { type: 'finish' },
+    ];
+    const asked = [];
+    await page.route('**/api/chat/*/stream', route => {
+      asked.push(route.request().headers().authorization?.startsWith('Bearer ') ?? false);
+      return route.fulfill({
+        status: 200,
+        headers: { 'content-type': 'text/event-stream', 'x-vercel-ai-ui-message-stream': 'v1' },
+        body: [...chunks.map(chunk => `data: ${JSON.stringify(chunk)}\n\n`), 'data: [DONE]\n\n'].join(''),
+      });
+    });
+    await page.reload();
+    await page.waitForSelector('article[data-id="resumed-reply"] strong');
+    steps.resumeStandIn = {
+      asked,
+      text: await page.textContent('article[data-id="resumed-reply"]'),
+    };
+    await page.unroute('**/api/chat/*/stream');
+    await page.reload();
+    await page.waitForSelector('.tool-card[data-state="output-available"]');
+  } else {
+    await send(page, 'slow please');
+    await page.waitForFunction(() => /word3\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''));
+    await page.reload();
+    await page.waitForFunction(() => /word59\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''), null, { timeout: 20000 });
+    steps.resumed = { text: await lastAssistantText(page) };
+    await idle(page);
+  }
+
+  // A second conversation, deleted again.
+  await page.click('#new');
+  await sendAndWait(page, 'a conversation to delete');
+  await page.waitForFunction(() => document.querySelectorAll('#conversations li').length === 2);
+  const secondId = new URL(page.url()).hash.slice(1);
+  await page.click(`#conversations li[data-id="${secondId}"] .delete`);
+  await page.click('#conversations .confirming .danger');
+  await page.waitForFunction(() => document.querySelectorAll('#conversations li').length === 1);
+  await page.reload();
+  await page.waitForSelector('#conversations li');
+  steps.deleted = { titles: await conversationTitles(page) };
+  await page.click(`#conversations li[data-id="${firstId}"] .conversation-title`);
+  await page.waitForSelector('.tool-card');
+  await screenshot(page, 'conversation');
+
+  // Sign out: nothing of ada is left on the screen, in storage or in the address.
+  await page.click('#sign-out');
+  await page.waitForSelector('#sign-in-form');
+  steps.signedOut = {
+    text: await visibleText(page),
+    html: await page.content(),
+    stored: await storedKeys(page),
+    hash: new URL(page.url()).hash,
+  };
+  await screenshot(page, 'signed-out');
+
+  // Another user sees nothing of the first, not even through ada's address.
+  await signInDevelopment(page, 'bob');
+  await page.goto(`${request.url}#${firstId}`);
+  await page.waitForSelector('#prompt');
+  await page.waitForSelector('.empty-list');
+  const probe = await page.evaluate(
+    async ([id, token]) => {
+      const response = await fetch(`/api/conversations/${id}/messages`, { headers: { authorization: `Bearer ${token}` } });
+      return { status: response.status, body: await response.json() };
+    },
+    [firstId, await bearer(page)],
+  );
+  steps.secondUser = {
+    user: await page.textContent('#user-name-shown'),
+    titles: await conversationTitles(page),
+    messages: await page.$$eval('.message', nodes => nodes.length),
+    text: await visibleText(page),
+    probe,
+  };
+  await context.close();
+}
+
+async function phone() {
+  const context = await browser.newContext({
+    viewport: { width: 390, height: 844 },
+    deviceScaleFactor: 2,
+    isMobile: true,
+    hasTouch: true,
+    reducedMotion: 'reduce',
+  });
+  const page = await context.newPage();
+  watch(page);
+  await page.goto(request.url);
+  await page.waitForSelector('#sign-in-form');
+  await screenshot(page, 'phone-sign-in');
+  await signInDevelopment(page, 'carol');
+  await sendAndWait(page, 'markdown please');
+  await sendAndWait(page, 'remember that phones work');
+  await page.waitForSelector('.tool-card .approve');
+  const measure = () =>
+    page.evaluate(() => {
+      const width = selector => document.querySelector(selector)?.getBoundingClientRect().width ?? 0;
+      return {
+        scrollWidth: document.documentElement.scrollWidth,
+        messages: width('#messages'),
+        prompt: width('#prompt'),
+        card: width('.tool-card'),
+        sidebarVisible: getComputedStyle(document.querySelector('#sidebar')).visibility === 'visible',
+      };
+    });
+  const closed = await measure();
+  await screenshot(page, 'phone-chat');
+  await page.click('.tool-card .approve');
+  await page.waitForSelector('.tool-card[data-state="output-available"]');
+  await idle(page);
+  await page.click('.menu-button');
+  await page.waitForSelector('#sidebar #new');
+  await page.waitForFunction(() => getComputedStyle(document.querySelector('#sidebar')).visibility === 'visible');
+  const opened = await measure();
+  await screenshot(page, 'phone-menu');
+  const focused = await page.evaluate(() => document.activeElement?.id);
+  await page.keyboard.press('Escape');
+  await page.waitForFunction(() => getComputedStyle(document.querySelector('#sidebar')).visibility === 'hidden');
+  await page.click('.menu-button');
+  await page.waitForFunction(() => getComputedStyle(document.querySelector('#sidebar')).visibility === 'visible');
+  await page.click('#conversations .conversation-title');
+  await page.waitForFunction(() => getComputedStyle(document.querySelector('#sidebar')).visibility === 'hidden');
+  steps.phone = { closed, opened, focused, approved: await cardStates(page) };
+  await context.close();
+}
+
+async function supabase() {
+  const context = await browser.newContext({ viewport: { width: 1100, height: 760 } });
+  const page = await context.newPage();
+  watch(page);
+  const chatTokens = [];
+  page.on('request', r => {
+    if (r.url().endsWith('/api/chat') && r.method() === 'POST') chatTokens.push(r.headers().authorization);
+  });
+
+  await page.goto(request.url);
+  await page.waitForSelector('#sign-in-form');
+  await page.waitForSelector('#guest');
+  steps.signInPage = {
+    devNoteVisible: await page.isVisible('#dev-sign-in-note'),
+    fields: await page.$$eval('#sign-in-form input', nodes => nodes.map(node => node.id)),
+    magicLink: await page.isVisible('#magic-link'),
+    guest: await page.isVisible('#guest'),
+  };
+  await screenshot(page, 'sign-in-supabase');
+
+  await page.fill('#email', 'ada@example.com');
+  await page.fill('#password', 'wrong password');
+  await page.click('#sign-in-form button[type=submit]');
+  await page.waitForSelector('#sign-in-error');
+  steps.wrongPassword = { error: await page.textContent('#sign-in-error') };
+
+  await page.fill('#password', request.password);
+  await page.click('#sign-in-form button[type=submit]');
+  await page.waitForSelector('#sign-out');
+  await sendAndWait(page, 'who am i?');
+  steps.signedIn = {
+    user: await page.textContent('#user-name-shown'),
+    card: await page.textContent('.tool-card'),
+    chatTokens: [...chatTokens],
+  };
+  await screenshot(page, 'supabase-signed-in');
+
+  await page.click('#sign-out');
+  await page.waitForSelector('#sign-in-form');
+  steps.signedOut = { stored: await storedKeys(page), text: await visibleText(page) };
+
+  await page.fill('#email', 'grace@example.com');
+  await page.click('#magic-link');
+  await page.waitForSelector('#sign-in-notice');
+  const notice = await page.textContent('#sign-in-notice');
+  const { links } = await (await fetch(`${request.authUrl}/outbox`)).json();
+  await page.goto(links.at(-1));
+  await page.waitForSelector('#sign-out');
+  await page.waitForFunction(() => !window.location.hash.includes('access_token'));
+  steps.magicLink = {
+    notice,
+    user: await page.textContent('#user-name-shown'),
+    titles: await conversationTitles(page).catch(() => []),
+    address: page.url(),
+  };
+  await page.click('#sign-out');
+  await page.waitForSelector('#guest');
+  await page.click('#guest');
+  await page.waitForSelector('#sign-out');
+  await sendAndWait(page, 'hello');
+  steps.guest = { user: await page.textContent('#user-name-shown'), reply: await lastAssistantText(page) };
+
+  // A session the Auth server no longer refreshes ends on its own: the page says so, keeping nothing.
+  await page.click('#sign-out');
+  await page.waitForSelector('#sign-in-form');
+  await fetch(`${request.authUrl}/refuse-refresh`, { method: 'POST' });
+  await page.fill('#email', 'ada@example.com');
+  await page.fill('#password', request.password);
+  await page.click('#sign-in-form button[type=submit]');
+  await page.waitForSelector('#session-ended');
+  steps.sessionEnded = {
+    notice: await page.textContent('#session-ended'),
+    stored: await storedKeys(page),
+    hash: new URL(page.url()).hash,
+    signOutVisible: await page.isVisible('#sign-out'),
+  };
+  await screenshot(page, 'session-ended');
+  await context.close();
+}
+
+try {
+  if (request.mode === 'supabase') await supabase();
+  else {
+    await development();
+    await phone();
+  }
+} catch (error) {
+  steps.failure = String(error.stack || error);
+  if (lastPage) await screenshot(lastPage, 'failure').catch(() => {});
+} finally {
+  await browser.close();
+}
+const seen = JSON.stringify({ steps, pageErrors, consoleErrors });
+await writeFile(`${request.shots}/seen-${request.mode}.json`, seen);
+process.stdout.write(seen);
