@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import math
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx2
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from bastion.auth import (
     AuthenticationError,
@@ -271,6 +278,15 @@ HOSTILE: dict[str, tuple[Mint, str]] = {
         lambda k, e: with_signature(es256(k, claims(e)), der_signature),
         "invalid_signature",
     ),
+    "kid that is not text": (
+        lambda k, e: signed({"alg": "ES256", "kid": 5}, claims(e), ecdsa_p256(k.ec)),
+        "malformed_token",
+    ),
+    "alg that is not text": (
+        lambda k, e: signed({"alg": 256, "kid": EC_KID}, claims(e), ecdsa_p256(k.ec)),
+        "malformed_token",
+    ),
+    "header of an impossible base64 length": (lambda k, e: "abcde.abcd.abcd", "malformed_token"),
     "nbf in the future": (lambda k, e: es256(k, claims(e, nbf=int(NOW) + 600)), "invalid_claims"),
     "iat in the future": (lambda k, e: es256(k, claims(e, iat=int(NOW) + 600)), "invalid_claims"),
     "truncated": (lambda k, e: es256(k, claims(e))[:-20], "invalid_signature"),
@@ -754,3 +770,349 @@ def test_authorization_without_a_bearer_token_is_missing(header: str | None) -> 
 
 def test_bearer_scheme_is_case_insensitive() -> None:
     assert bearer_token("bearer abc.def.ghi") == "abc.def.ghi"
+
+
+# Boundaries and messages a mutation review found unpinned
+
+
+def test_errors_carry_their_safe_message() -> None:
+    assert str(AuthenticationError("missing_token")) == "Sign in to continue."
+    assert str(KeySetUnavailableError()) == "Sign-in cannot be checked right now. Try again."
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "message"),
+    [
+        ({}, ValueError, "SupabaseEnv needs url, or the signing keys: jwks (inline or a URL) or jwt_secret."),
+        (
+            {"jwt_secret": JWT_SECRET},
+            ValueError,
+            "SupabaseEnv without url needs the issuer its tokens carry (iss).",
+        ),
+        (
+            {"url": "ftp://example.supabase.co"},
+            ValueError,
+            "url must be an http(s) URL without query or fragment.",
+        ),
+        ({"url": "https:///no-host"}, ValueError, "url must be an http(s) URL without query or fragment."),
+        (
+            {"url": "https://example.supabase.co?a=1"},
+            ValueError,
+            "url must be an http(s) URL without query or fragment.",
+        ),
+        (
+            {"url": "https://example.supabase.co#f"},
+            ValueError,
+            "url must be an http(s) URL without query or fragment.",
+        ),
+        (
+            {"url": "https://x.co", "jwks": "keys.json"},
+            ValueError,
+            "jwks must be an http(s) URL without query or fragment.",
+        ),
+        ({"url": "https://x.co", "jwks": 5}, TypeError, "jwks must be None, a URL string or a JWKS mapping."),
+        (
+            {"url": "https://x.co", "publishable_keys": {"default": ""}},
+            ValueError,
+            "publishable_keys maps names to non-empty key strings.",
+        ),
+        (
+            {"url": "https://x.co", "publishable_keys": {"default": 5}},
+            ValueError,
+            "publishable_keys maps names to non-empty key strings.",
+        ),
+        (
+            {"url": "https://x.co", "secret_keys": {5: "sb_secret"}},
+            ValueError,
+            "secret_keys maps names to non-empty key strings.",
+        ),
+    ],
+)
+def test_each_unusable_env_is_refused_with_what_to_fix(
+    fields: dict[str, Any], error: type, message: str
+) -> None:
+    with pytest.raises(error) as raised:
+        SupabaseEnv(**fields)
+    assert str(raised.value) == message
+
+
+def test_env_keeps_its_api_keys_read_only_and_its_url_without_trailing_slashes() -> None:
+    env = SupabaseEnv(url="https://example.com/projX/", publishable_keys={"default": "sb_publishable_1"})
+
+    assert env.url == "https://example.com/projX"
+    assert dict(env.publishable_keys) == {"default": "sb_publishable_1"}
+    with pytest.raises(TypeError):
+        env.publishable_keys["other"] = "x"  # type: ignore[index]
+
+
+def test_a_legacy_secret_of_exactly_the_minimum_length_is_accepted() -> None:
+    assert SupabaseEnv(url="https://example.supabase.co", jwt_secret="s" * 32).jwt_secret == "s" * 32
+
+
+def test_bearer_token_takes_everything_after_the_scheme() -> None:
+    assert bearer_token("Bearer  a.b.c ") == "a.b.c"
+
+
+VERIFIER_LIMITS = "leeway and refresh_interval must be >= 0; max_age and fetch_timeout > 0."
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"leeway": -1}, {"refresh_interval": -1}, {"max_age": 0}, {"fetch_timeout": 0}],
+)
+def test_verifier_limits_out_of_range_are_refused(env: SupabaseEnv, limits: dict[str, float]) -> None:
+    with pytest.raises(ValueError) as raised:
+        TokenVerifier(env, **limits)
+    assert str(raised.value) == VERIFIER_LIMITS
+
+
+def test_verifier_limits_at_their_bounds_are_accepted(env: SupabaseEnv) -> None:
+    TokenVerifier(env, leeway=0, refresh_interval=0, max_age=1, fetch_timeout=1)
+    TokenVerifier(env, max_age=0.5, fetch_timeout=0.5)
+
+
+@pytest.mark.parametrize("name", ["tenant_claim", "roles_claim"])
+def test_a_claim_path_with_an_empty_segment_is_refused_by_name(env: SupabaseEnv, name: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        TokenVerifier(env, **{name: "app_metadata..tenant_id"})
+    assert str(raised.value) == f"{name} must be a dotted claim path such as 'app_metadata.tenant_id'."
+
+
+def test_an_inline_key_set_without_a_keys_list_is_refused() -> None:
+    for document in ({"keys": {}}, {"keys": "abc"}, {"kty": "EC"}):
+        with pytest.raises(ValueError) as raised:
+            TokenVerifier(SupabaseEnv(jwks=document, issuer=ISSUER))  # type: ignore[arg-type]
+        assert str(raised.value) == "A JWKS is an object with a 'keys' list."
+
+
+def test_an_inline_key_set_without_a_usable_key_is_refused_with_its_reason(keys: SigningKeys) -> None:
+    with pytest.raises(ValueError) as raised:
+        TokenVerifier(SupabaseEnv(jwks={"keys": []}, issuer=ISSUER))
+    assert str(raised.value) == "The JWKS holds no usable ES256 or RS256 key and there is no jwt_secret."
+
+
+async def test_unusable_entries_are_skipped_and_logged_and_the_rest_still_verify(
+    keys: SigningKeys, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = {**ec_jwk(keys.ec.public_key(), "broken"), "x": 5}
+    no_use = ec_jwk(keys.ec.public_key(), EC_KID)
+    del no_use["use"]
+    document = {"keys": ["not a key", {"kid": 5}, broken, no_use, rsa_jwk(keys.rsa.public_key(), RSA_KID)]}
+    with caplog.at_level("INFO", logger="bastion.auth"):
+        verifier = TokenVerifier(SupabaseEnv(jwks=document, issuer=ISSUER), clock=FakeClock())
+    env = verifier.env
+
+    assert (await verifier.verify(es256(keys, claims(env)))).role == "authenticated"
+    assert (await verifier.verify(rs256(keys, claims(env)))).role == "authenticated"
+    assert (await refused(verifier, es256(keys, claims(env), kid="broken"))).code == "invalid_signature"
+    assert [r.getMessage() for r in caplog.records if r.name == "bastion.auth"] == [
+        "Skipping signing key 'broken': not a public ES256 (P-256) or RS256 key."
+    ]
+
+
+async def test_the_first_key_under_a_kid_is_the_one_kept(keys: SigningKeys) -> None:
+    document = {"keys": [ec_jwk(keys.ec.public_key(), EC_KID), ec_jwk(OTHER_EC.public_key(), EC_KID)]}
+    verifier = TokenVerifier(SupabaseEnv(jwks=document, issuer=ISSUER), clock=FakeClock())
+    env = verifier.env
+
+    assert (await verifier.verify(es256(keys, claims(env)))).role == "authenticated"
+    impostor = es256(SigningKeys(ec=OTHER_EC, rsa=keys.rsa), claims(env))
+    assert (await refused(verifier, impostor)).code == "invalid_signature"
+
+
+def test_an_ec_key_with_a_coordinate_not_given_in_full_32_bytes_is_skipped() -> None:
+    short = next(
+        key
+        for key in (ec.generate_private_key(ec.SECP256R1()) for _ in range(5000))
+        if key.public_key().public_numbers().x < 2**248
+    )
+    jwk = ec_jwk(short.public_key(), "short-x")
+    x = short.public_key().public_numbers().x.to_bytes(31, "big")
+    jwk["x"] = base64.urlsafe_b64encode(x).rstrip(b"=").decode()
+
+    with pytest.raises(ValueError, match="no usable"):
+        TokenVerifier(SupabaseEnv(jwks={"keys": [jwk]}, issuer=ISSUER))
+
+
+async def test_email_and_other_optional_texts_that_are_empty_or_not_text_are_none(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys
+) -> None:
+    principal = await verifier.verify(es256(keys, claims(env, email="", aal=5, session_id=None)))
+
+    assert (principal.email, principal.aal, principal.session_id) == (None, None, None)
+
+
+async def test_without_tenant_or_roles_claims_the_principal_has_neither(
+    env: SupabaseEnv, host: JwksHost, keys: SigningKeys
+) -> None:
+    verifier = TokenVerifier(env, tenant_claim=None, roles_claim=None, clock=FakeClock())
+
+    principal = await verifier.verify(es256(keys, claims(env)))
+
+    assert (principal.tenant_id, principal.roles) == (None, ())
+
+
+async def test_a_token_of_exactly_the_maximum_length_is_read(keys: SigningKeys) -> None:
+    env = one_key_env(ec_jwk(keys.ec.public_key(), EC_KID))
+    verifier = TokenVerifier(env, clock=FakeClock())
+    exact = next(
+        token
+        for kid in (EC_KID, None)  # base64 cannot reach every length: two header sizes cover them all
+        for size in range(11_500, 12_000)
+        if len(token := es256(keys, claims(env, pad="x" * size), kid=kid)) == 16_384
+    )
+
+    assert (await verifier.verify(exact)).role == "authenticated"
+    longer = es256(keys, claims(env, pad="x" * 12_400))
+    assert len(longer) > 16_384
+    assert (await refused(verifier, longer)).code == "malformed_token"
+
+
+async def test_lifetimes_exactly_at_the_leeway_are_accepted(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys
+) -> None:
+    token = es256(keys, claims(env, exp=int(NOW) - 30, nbf=int(NOW) + 30, iat=int(NOW) + 30))
+
+    assert (await verifier.verify(token)).role == "authenticated"
+
+
+async def test_a_known_key_is_used_from_the_cache_after_the_refresh_interval(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, host: JwksHost, clock: FakeClock
+) -> None:
+    await verifier.verify(es256(keys, claims(env)))
+    clock.now += 300
+
+    await verifier.verify(es256(keys, claims(env, exp=int(clock.now) + 60)))
+
+    assert host.fetches == 1
+
+
+async def test_the_default_refresh_interval_allows_a_refresh_after_exactly_sixty_seconds(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, host: JwksHost, clock: FakeClock
+) -> None:
+    await verifier.verify(es256(keys, claims(env)))
+    clock.now += 60
+
+    await refused(verifier, es256(keys, claims(env, exp=int(clock.now) + 60), kid="rotated-key"))
+
+    assert host.fetches == 2
+
+
+async def test_the_default_key_set_is_stale_after_exactly_six_hundred_seconds(
+    verifier: TokenVerifier, env: SupabaseEnv, keys: SigningKeys, host: JwksHost, clock: FakeClock
+) -> None:
+    await verifier.verify(es256(keys, claims(env)))
+    clock.now += 600
+
+    await verifier.verify(es256(keys, claims(env, exp=int(clock.now) + 60)))
+
+    assert host.fetches == 2
+
+
+async def test_an_injected_http_client_fetches_the_keys(keys: SigningKeys) -> None:
+    requested: list[str] = []
+
+    def serve(request: httpx2.Request) -> httpx2.Response:
+        requested.append(str(request.url))
+        return httpx2.Response(200, json={"keys": [ec_jwk(keys.ec.public_key(), EC_KID)]})
+
+    env = SupabaseEnv(jwks="https://keys.example/jwks.json", issuer=ISSUER)
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(serve)) as client:
+        verifier = TokenVerifier(env, clock=FakeClock(), http_client=client)
+        principal = await verifier.verify(es256(keys, claims(env)))
+
+    assert principal.role == "authenticated"
+    assert requested == ["https://keys.example/jwks.json"]
+
+
+def held_key_set(released: threading.Event) -> Starlette:
+    """A key set host that does not answer until the test is over."""
+
+    async def hold(request: Request) -> JSONResponse:
+        while not released.is_set():
+            await asyncio.sleep(0.01)
+        return JSONResponse({"keys": []})
+
+    return Starlette(routes=[Route("/jwks.json", hold)])
+
+
+@pytest.mark.parametrize("injected", [False, True], ids=["own-client", "injected-client-without-timeout"])
+async def test_a_key_set_that_never_arrives_is_given_up_after_the_fetch_timeout(
+    keys: SigningKeys, injected: bool
+) -> None:
+    released = threading.Event()
+    with live_server(held_key_set(released)) as url:
+        env = SupabaseEnv(jwks=f"{url}/jwks.json", issuer=ISSUER)
+        try:
+            async with httpx2.AsyncClient(timeout=None) as client:
+                verifier = TokenVerifier(
+                    env, clock=FakeClock(), fetch_timeout=0.2, http_client=client if injected else None
+                )
+                with pytest.raises(KeySetUnavailableError):
+                    await asyncio.wait_for(verifier.verify(es256(keys, claims(env))), timeout=30)
+        finally:
+            released.set()
+
+
+async def test_a_failed_fetch_is_logged_with_its_cause(
+    verifier: TokenVerifier,
+    env: SupabaseEnv,
+    keys: SigningKeys,
+    host: JwksHost,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    host.status = 503
+    with caplog.at_level("WARNING", logger="bastion.auth"), pytest.raises(KeySetUnavailableError):
+        await verifier.verify(es256(keys, claims(env)))
+
+    [record] = [r for r in caplog.records if r.name == "bastion.auth"]
+    assert record.getMessage() == f"Unable to refresh the signing keys from {env.jwks_url}."
+    assert record.exc_info is not None and str(record.exc_info[1]) == "status 503"
+
+
+def sized_key_set(keys: SigningKeys, size: int) -> bytes:
+    document = {"keys": [ec_jwk(keys.ec.public_key(), EC_KID)], "pad": ""}
+    base = len(json.dumps(document).encode())
+    document["pad"] = "x" * (size - base)
+    body = json.dumps(document).encode()
+    assert len(body) == size
+    return body
+
+
+@pytest.mark.parametrize(("size", "accepted"), [(1_048_576, True), (1_048_577, False)])
+async def test_a_key_set_is_read_up_to_one_mebibyte(
+    keys: SigningKeys, size: int, accepted: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = sized_key_set(keys, size)
+    env = SupabaseEnv(jwks="https://keys.example/jwks.json", issuer=ISSUER)
+    transport = httpx2.MockTransport(lambda request: httpx2.Response(200, content=body))
+    async with httpx2.AsyncClient(transport=transport) as client:
+        verifier = TokenVerifier(env, clock=FakeClock(), http_client=client)
+        with caplog.at_level("WARNING", logger="bastion.auth"):
+            if accepted:
+                assert (await verifier.verify(es256(keys, claims(env)))).role == "authenticated"
+            else:
+                with pytest.raises(KeySetUnavailableError):
+                    await verifier.verify(es256(keys, claims(env)))
+    causes = [str(r.exc_info[1]) for r in caplog.records if r.name == "bastion.auth" and r.exc_info]
+    assert causes == ([] if accepted else ["the key set is too large"])
+
+
+async def test_a_fetched_key_set_without_a_usable_key_is_logged_and_only_then(
+    keys: SigningKeys, caplog: pytest.LogCaptureFixture
+) -> None:
+    documents = [{"keys": [ec_jwk(keys.ec.public_key(), EC_KID)]}, {"keys": []}]
+    env = SupabaseEnv(jwks="https://keys.example/jwks.json", issuer=ISSUER)
+    transport = httpx2.MockTransport(lambda request: httpx2.Response(200, json=documents.pop(0)))
+    clock = FakeClock()
+    async with httpx2.AsyncClient(transport=transport) as client:
+        verifier = TokenVerifier(env, clock=clock, http_client=client)
+        with caplog.at_level("WARNING", logger="bastion.auth"):
+            await verifier.verify(es256(keys, claims(env)))
+            assert [r for r in caplog.records if r.name == "bastion.auth"] == []
+            clock.now += 601
+            await refused(verifier, es256(keys, claims(env, exp=int(clock.now) + 60)))
+
+    assert [r.getMessage() for r in caplog.records if r.name == "bastion.auth"] == [
+        "The key set at https://keys.example/jwks.json holds no usable ES256 or RS256 key."
+    ]
