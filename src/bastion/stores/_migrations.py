@@ -107,12 +107,17 @@ async def apply_application_migrations(
     An application keeps its tables (and their row-level security) in its own versioned files, so
     `bastion migrate` brings framework and application to the same state in one command.
     """
-    if not _COMPONENT.fullmatch(component) or component == "bastion":
-        raise ValueError("A migration component is a short lower-case name other than 'bastion'.")
+    check_component(component)
     async with await _connect(conninfo) as conn, conn.transaction():
         await conn.execute("select pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         await conn.execute(_BOOTSTRAP)
         return await _apply(conn, migrations, component=component)
+
+
+def check_component(component: str) -> None:
+    """An application's migration component: a short lower-case name other than bastion's own."""
+    if not _COMPONENT.fullmatch(component) or component == "bastion":
+        raise ValueError("A migration component is a short lower-case name other than 'bastion'.")
 
 
 async def _connect(conninfo: str) -> psycopg.AsyncConnection[Any]:

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 from bastion.stores.errors import InvalidInputError
 
@@ -29,6 +29,8 @@ __all__ = [
     "TurnContext",
     "TurnState",
 ]
+
+StateT = TypeVar("StateT")
 
 Rating: TypeAlias = Literal["up", "down"]
 
@@ -108,13 +110,19 @@ class TurnState:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Conversation:
+class Conversation(Generic[StateT]):
+    """A conversation as the application sees it: the agent it belongs to, the application's typed
+    state (None until set; see `bastion.stores.ConversationSchema`) and its registered columns."""
+
     id: str
     title: str | None
     tenant_id: str | None
     revision: int
     created_at: datetime
     updated_at: datetime
+    agent_name: str | None = None
+    state: StateT | None = None
+    columns: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from types import TracebackType
 from typing import Any, Final, Self, TypeAlias
@@ -25,6 +25,7 @@ from bastion._extras import missing_extra
 
 try:
     import psycopg
+    from psycopg import sql
     from psycopg.pq import TransactionStatus
     from psycopg.rows import TupleRow
     from psycopg.types.json import Jsonb
@@ -40,6 +41,13 @@ from bastion.persistence import (
     RunOutcome,
     RunStart,
     ToolOperation,
+)
+from bastion.stores._conversation_queries import (
+    conversation_from_row,
+    new_conversation_values,
+    postgres_insert,
+    postgres_list,
+    postgres_select,
 )
 from bastion.stores._leases import DEFAULT_LEASE_SECONDS, LeaseKeeper, new_worker_key
 from bastion.stores._migrations import apply_migrations
@@ -92,6 +100,8 @@ from bastion.stores.errors import (
     ToolOperationUncertainError,
     TurnConflictError,
 )
+from bastion.stores.filters import ConversationFilter
+from bastion.stores.schema import ConversationSchema
 
 __all__ = ["PostgresAgentPersistence", "PostgresStore"]
 
@@ -101,7 +111,6 @@ Pool: TypeAlias = AsyncConnectionPool[Connection]
 _SET_IDENTITY: Final = (
     "select set_config('role', 'authenticated', true), set_config('request.jwt.claims', %s, true)"
 )
-_CONVERSATION_COLUMNS: Final = "id::text, title, tenant_id, revision, created_at, updated_at"
 _RATINGS: Final = frozenset({"up", "down"})
 
 # SQLSTATEs raised on purpose by the migrations' functions, and the ones a race produces.
@@ -116,7 +125,8 @@ class PostgresStore:
     transaction-mode pooler (Supabase's), which cannot keep prepared statements. `admin_conninfo`
     is the owner's connection, used only by `migrate()`. `claim_cache_size` bounds how many
     conversations' stored tails this process remembers to claim a later turn in one round trip
-    (0 remembers none), and `claim_cache_bytes` the bytes of messages they hold in all.
+    (0 remembers none), and `claim_cache_bytes` the bytes of messages they hold in all. `schema` is
+    the application's conversation state type and registered columns (`ConversationSchema`).
 
     The store names itself on the runs it claims with a random worker key and, while it runs
     turns, holds that key's session advisory lock on a connection of its own (outside the pool;
@@ -133,8 +143,10 @@ class PostgresStore:
         owns_pool: bool = False,
         claim_cache_size: int = 256,
         claim_cache_bytes: int = DEFAULT_MAX_BYTES,
+        schema: ConversationSchema[Any] | None = None,
     ) -> None:
         self._pool = pool
+        self.schema: Final = schema or ConversationSchema()
         self._admin_conninfo = admin_conninfo
         self._owns_pool = owns_pool
         self._tails = TailCache(claim_cache_size, max_bytes=claim_cache_bytes)
@@ -154,6 +166,7 @@ class PostgresStore:
         max_size: int = 10,
         claim_cache_size: int = 256,
         claim_cache_bytes: int = DEFAULT_MAX_BYTES,
+        schema: ConversationSchema[Any] | None = None,
     ) -> PostgresStore:
         """A store over a connection string (opening its own pool) or an existing pool."""
         if not isinstance(conninfo, str):
@@ -162,6 +175,7 @@ class PostgresStore:
                 admin_conninfo=admin_conninfo,
                 claim_cache_size=claim_cache_size,
                 claim_cache_bytes=claim_cache_bytes,
+                schema=schema,
             )
         pool: Pool = AsyncConnectionPool(
             conninfo,
@@ -176,6 +190,7 @@ class PostgresStore:
             owns_pool=True,
             claim_cache_size=claim_cache_size,
             claim_cache_bytes=claim_cache_bytes,
+            schema=schema,
         )
         await pool.open(wait=True)
         try:
@@ -280,59 +295,93 @@ class PostgresStore:
     # Entity API: user-scoped, tenant-scoped under a tenant claim; the database injects the owner.
 
     async def create_conversation(
-        self, identity: StoreIdentity, *, title: str | None = None, conversation_id: str | None = None
-    ) -> Conversation:
-        """A new conversation owned by `identity` (and its tenant); the owner is never an input."""
-        check_title(title)
+        self,
+        identity: StoreIdentity,
+        *,
+        title: str | None = None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+        state: object = None,
+        columns: Mapping[str, object] | None = None,
+    ) -> Conversation[Any]:
+        """A new conversation owned by `identity` (and its tenant); the owner is never an input.
+
+        `agent_name`, `state` (validated by the schema) and registered `columns` are the application's.
+        """
+        values = new_conversation_values(
+            self.schema, title=title, agent_name=agent_name, state=state, columns=columns
+        )
         chosen = parse_uuid(conversation_id) if conversation_id is not None else None
         try:
             with _database_errors():
                 async with self.transaction(identity) as conn:
-                    cursor = await conn.execute(
-                        "insert into bastion.conversations (id, title) values "
-                        f"(coalesce(%s::uuid, gen_random_uuid()), %s) returning {_CONVERSATION_COLUMNS}",
-                        (chosen, title),
-                    )
+                    cursor = await conn.execute(postgres_insert(self.schema, values), values | {"id": chosen})
         except TurnConflictError:
             raise InvalidInputError() from None
-        return _conversation(await cursor.fetchone())
+        return self._conversation(await cursor.fetchone())
 
-    async def list_conversations(self, identity: StoreIdentity, *, limit: int = 50) -> list[Conversation]:
-        """The caller's conversations, most recently active first."""
+    async def list_conversations(
+        self, identity: StoreIdentity, *, limit: int = 50, filter: ConversationFilter | None = None
+    ) -> list[Conversation[Any]]:
+        """The caller's conversations, most recently active first, narrowed by `filter`."""
         check_limit(limit)
+        where = (filter or ConversationFilter()).checked(self.schema.columns)
+        statement, params = postgres_list(self.schema, where)
         with _database_errors():
             async with self.transaction(identity) as conn:
-                cursor = await conn.execute(
-                    f"select {_CONVERSATION_COLUMNS} from bastion.conversations "
-                    "order by updated_at desc, id limit %s",
-                    (limit,),
-                )
-        return [_conversation(row) for row in await cursor.fetchall()]
+                cursor = await conn.execute(statement, params | {"limit": limit})
+        return [self._conversation(row) for row in await cursor.fetchall()]
 
-    async def get_conversation(self, identity: StoreIdentity, conversation_id: str) -> Conversation:
+    async def get_conversation(self, identity: StoreIdentity, conversation_id: str) -> Conversation[Any]:
         conversation = parse_uuid(conversation_id)
         with _database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(
-                    f"select {_CONVERSATION_COLUMNS} from bastion.conversations where id = %s",
+                    sql.SQL("select {} from bastion.conversations where id = %s").format(
+                        postgres_select(self.schema)
+                    ),
                     (conversation,),
                 )
-        return _conversation(await cursor.fetchone())
+        return self._conversation(await cursor.fetchone())
 
     async def update_conversation(
         self, identity: StoreIdentity, conversation_id: str, *, title: str | None
-    ) -> Conversation:
+    ) -> Conversation[Any]:
         """Rename a conversation: the only column a user may change."""
         conversation = parse_uuid(conversation_id)
         check_title(title)
         with _database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(
-                    "update bastion.conversations set title = %s, updated_at = now() "
-                    f"where id = %s returning {_CONVERSATION_COLUMNS}",
+                    sql.SQL(
+                        "update bastion.conversations set title = %s, updated_at = now() "
+                        "where id = %s returning {}"
+                    ).format(postgres_select(self.schema)),
                     (title, conversation),
                 )
-        return _conversation(await cursor.fetchone())
+        return self._conversation(await cursor.fetchone())
+
+    async def set_conversation_state(
+        self, identity: StoreIdentity, conversation_id: str, state: object
+    ) -> Conversation[Any]:
+        """Replace the conversation's application state (validated by the schema; None clears it)."""
+        conversation = parse_uuid(conversation_id)
+        text = self.schema.dump_state(state) if state is not None else None
+        with _database_errors():
+            async with self.transaction(identity) as conn:
+                cursor = await conn.execute(
+                    sql.SQL(
+                        "update bastion.conversations set state = %s::jsonb, updated_at = now() "
+                        "where id = %s returning {}"
+                    ).format(postgres_select(self.schema)),
+                    (text, conversation),
+                )
+        return self._conversation(await cursor.fetchone())
+
+    def _conversation(self, row: tuple[Any, ...] | None) -> Conversation[Any]:
+        if row is None:
+            raise NotFoundError()
+        return conversation_from_row(self.schema, row)
 
     async def delete_conversation(self, identity: StoreIdentity, conversation_id: str) -> None:
         """Delete a conversation with its messages, runs, events, tool executions and feedback."""
@@ -770,20 +819,6 @@ def _database_errors() -> Iterator[None]:
         if state == "BS410":
             raise AgentRunInactiveError() from error
         raise
-
-
-def _conversation(row: tuple[Any, ...] | None) -> Conversation:
-    if row is None:
-        raise NotFoundError()
-    conversation_id, title, tenant_id, revision, created_at, updated_at = row
-    return Conversation(
-        id=conversation_id,
-        title=title,
-        tenant_id=tenant_id,
-        revision=revision,
-        created_at=created_at,
-        updated_at=updated_at,
-    )
 
 
 async def _resolved(value: Any) -> Any:

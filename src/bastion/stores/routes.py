@@ -8,6 +8,7 @@ refuse more, never allow more. Messages are written only by turns, never through
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from bastion.api import InvalidRequestError, StrictModel, json_body, json_response, operation
 from bastion.auth import Principal
@@ -35,6 +36,8 @@ from bastion.stores.entities import (
     is_storable_text,
 )
 from bastion.stores.errors import NotFoundError
+from bastion.stores.filters import ConversationFilter, InvalidFilterError, conversation_cursor
+from bastion.stores.schema import ConversationSchema
 from bastion.worker import RequestContext, Route
 
 __all__ = [
@@ -84,8 +87,11 @@ class NewConversation(StrictModel):
     title: Title | None = None
 
 
-class ConversationTitle(StrictModel):
-    title: Title
+class ConversationChange(StrictModel):
+    """A new title, or (where the rules allow) new application state; one of the two."""
+
+    title: Title | None = None
+    state: Annotated[Any, Field(description="The application's state, validated by its schema.")] = None
 
 
 class NewFeedback(StrictModel):
@@ -99,7 +105,14 @@ class _Query(BaseModel):
 
 
 class ConversationsQuery(_Query):
+    """Filters: `agent`, the application's registered columns, `after` and `before` (last activity,
+    ISO 8601 with an offset), and `cursor` (the previous page's `next`)."""
+
     limit: Limit = 100
+    agent: str | None = None
+    after: str | None = None
+    before: str | None = None
+    cursor: str | None = None
 
 
 class EventsQuery(_Query):
@@ -108,19 +121,22 @@ class EventsQuery(_Query):
 
 
 class ConversationOut(StrictModel):
-    """A conversation."""
+    """A conversation, with the application's registered columns beside these fields and its `state`
+    when the rules show it."""
 
     id: Uuid
     title: str | None
+    agent_name: str | None
     revision: int
     created_at: datetime
     updated_at: datetime
 
     @classmethod
-    def of(cls, conversation: Conversation) -> ConversationOut:
+    def of(cls, conversation: Conversation[Any]) -> ConversationOut:
         return cls(
             id=conversation.id,
             title=conversation.title,
+            agent_name=conversation.agent_name,
             revision=conversation.revision,
             created_at=conversation.created_at,
             updated_at=conversation.updated_at,
@@ -128,9 +144,10 @@ class ConversationOut(StrictModel):
 
 
 class ConversationList(StrictModel):
-    """The caller's conversations, most recent first."""
+    """The caller's conversations, most recent first, and the cursor of the next page (if it may have any)."""
 
     conversations: list[ConversationOut]
+    next: str | None
 
 
 class MessageList(StrictModel):
@@ -168,17 +185,26 @@ class FeedbackOut(StrictModel):
 class ConversationStore(Protocol):
     """The entity API both stores provide."""
 
+    @property
+    def schema(self) -> ConversationSchema[Any]: ...
+
     async def create_conversation(
         self, identity: StoreIdentity, *, title: str | None = None, conversation_id: str | None = None
-    ) -> Conversation: ...
+    ) -> Conversation[Any]: ...
 
-    async def list_conversations(self, identity: StoreIdentity, *, limit: int = 50) -> list[Conversation]: ...
+    async def list_conversations(
+        self, identity: StoreIdentity, *, limit: int = 50, filter: ConversationFilter | None = None
+    ) -> list[Conversation[Any]]: ...
 
-    async def get_conversation(self, identity: StoreIdentity, conversation_id: str) -> Conversation: ...
+    async def get_conversation(self, identity: StoreIdentity, conversation_id: str) -> Conversation[Any]: ...
 
     async def update_conversation(
         self, identity: StoreIdentity, conversation_id: str, *, title: str | None
-    ) -> Conversation: ...
+    ) -> Conversation[Any]: ...
+
+    async def set_conversation_state(
+        self, identity: StoreIdentity, conversation_id: str, state: object
+    ) -> Conversation[Any]: ...
 
     async def delete_conversation(self, identity: StoreIdentity, conversation_id: str) -> None: ...
 
@@ -209,10 +235,16 @@ def _anyone(principal: Principal, operation: str) -> bool:
 class ConversationRules:
     """Application rules on top of the store's: `allows(principal, operation)` may refuse, for example
     read-only access for anonymous users. Operations: list, create, get, update, delete, messages,
-    events, feedback. A refusal or an error is 403 `forbidden`.
+    events, feedback, and `state` for a change of the application state. A refusal or an error is
+    403 `forbidden`.
+
+    `state` is what the browser may do with the conversation's application state: nothing (the
+    default: it is the application's own), `read` it in the conversation's JSON, or also `write` it
+    with `PATCH {"state": ...}`, validated by the store's schema.
     """
 
     allows: Callable[[Principal, str], bool | Awaitable[bool]] = _anyone
+    state: Literal["hidden", "read", "write"] = "hidden"
 
     async def check(self, principal: Principal, operation: str) -> None:
         try:
@@ -232,8 +264,8 @@ def conversation_routes(
 
     The rules run before the body is read, so a refused caller learns nothing about their input.
     """
-    handlers = _ConversationHandlers(store)
     rules = rules or ConversationRules()
+    handlers = _ConversationHandlers(store, rules)
     one = f"{prefix}/{{conversation_id}}"
 
     def route(method: str, path: str, name: str, handler: Any) -> Route:
@@ -257,8 +289,9 @@ def conversation_routes(
 
 
 class _ConversationHandlers:
-    def __init__(self, store: ConversationStore) -> None:
+    def __init__(self, store: ConversationStore, rules: ConversationRules) -> None:
         self._store = store
+        self._rules = rules
 
     @staticmethod
     def _identity(context: RequestContext) -> StoreIdentity:
@@ -270,10 +303,22 @@ class _ConversationHandlers:
     async def list_conversations(
         self, request: Request, context: RequestContext, *, query: ConversationsQuery
     ) -> Response:
-        """List the caller's conversations, most recent first."""
+        """List the caller's conversations, most recent first: `?agent=`, the application's registered
+        columns (`?project_id=`), `?after=` and `?before=` (last activity), `?limit=` and `?cursor=`."""
         identity = self._identity(context)
-        conversations = await self._store.list_conversations(identity, limit=query.limit)
-        return json_response(ConversationList(conversations=[ConversationOut.of(c) for c in conversations]))
+        params = request.query_params
+        repeated = [name for name in params if len(params.getlist(name)) > 1]
+        if repeated:
+            raise InvalidFilterError(repeated[0])
+        filter = ConversationFilter.from_query(dict(params), self._store.schema.columns)
+        conversations = await self._store.list_conversations(identity, limit=query.limit, filter=filter)
+        more = len(conversations) == query.limit
+        page = ConversationList(
+            conversations=[ConversationOut.of(c) for c in conversations],
+            next=conversation_cursor(conversations[-1]) if more else None,
+        ).model_dump(mode="json")
+        page["conversations"] = [self._json(c) for c in conversations]
+        return JSONResponse(page)
 
     @operation(body=NewConversation, body_required=False, responses={201: ConversationOut}, errors=(403,))
     async def create_conversation(
@@ -282,25 +327,43 @@ class _ConversationHandlers:
         """Start a conversation owned by the caller."""
         identity = self._identity(context)
         conversation = await self._store.create_conversation(identity, title=body.title)
-        return json_response(ConversationOut.of(conversation), status_code=201)
+        return JSONResponse(self._json(conversation), status_code=201)
 
     @operation(responses={200: ConversationOut}, errors=(403, 404))
     async def get_conversation(self, request: Request, context: RequestContext) -> Response:
         """Read one of the caller's conversations."""
         identity = self._identity(context)
         conversation = await self._store.get_conversation(identity, _conversation_id(context))
-        return json_response(ConversationOut.of(conversation))
+        return JSONResponse(self._json(conversation))
 
-    @operation(body=ConversationTitle, responses={200: ConversationOut}, errors=(403, 404))
+    @operation(body=ConversationChange, responses={200: ConversationOut}, errors=(403, 404))
     async def update_conversation(
-        self, request: Request, context: RequestContext, *, body: ConversationTitle
+        self, request: Request, context: RequestContext, *, body: ConversationChange
     ) -> Response:
-        """Rename one of the caller's conversations."""
+        """Rename one of the caller's conversations, or change its state where the rules allow."""
         identity = self._identity(context)
-        conversation = await self._store.update_conversation(
-            identity, _conversation_id(context), title=body.title
-        )
-        return json_response(ConversationOut.of(conversation))
+        conversation_id = _conversation_id(context)
+        if "state" in body.model_fields_set:
+            if self._rules.state != "write" or "title" in body.model_fields_set:
+                raise RuleRefusedError("You are not allowed to do this.")
+            assert context.principal is not None
+            await self._rules.check(context.principal, "state")
+            conversation = await self._store.set_conversation_state(identity, conversation_id, body.state)
+            return JSONResponse(self._json(conversation))
+        if body.title is None:
+            raise InvalidRequestError("title must be a string.", field="title")
+        conversation = await self._store.update_conversation(identity, conversation_id, title=body.title)
+        return JSONResponse(self._json(conversation))
+
+    def _json(self, conversation: Conversation[Any]) -> dict[str, Any]:
+        """What the browser sees: bastion's fields, the agent, the registered columns, and the state
+        only when the rules show it (as JSON, the way the schema stores it)."""
+        shown = ConversationOut.of(conversation).model_dump(mode="json")
+        shown |= dict(conversation.columns)
+        if self._rules.state != "hidden":
+            state = conversation.state
+            shown["state"] = json.loads(self._store.schema.dump_state(state)) if state is not None else None
+        return shown
 
     @operation(responses={204: None}, errors=(403, 404))
     async def delete_conversation(self, request: Request, context: RequestContext) -> Response:

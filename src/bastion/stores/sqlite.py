@@ -27,7 +27,7 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -42,8 +42,15 @@ from bastion.persistence import (
     RunStart,
     ToolOperation,
 )
+from bastion.stores._conversation_queries import (
+    conversation_from_row,
+    new_conversation_values,
+    sqlite_insert,
+    sqlite_list,
+    sqlite_select,
+)
 from bastion.stores._leases import DEFAULT_LEASE_SECONDS, LeaseKeeper, new_worker_key
-from bastion.stores._migrations import Migration, MigrationChangedError
+from bastion.stores._migrations import Migration, MigrationChangedError, check_component
 from bastion.stores._turns import (
     CheckedOperation,
     TurnPersistence,
@@ -83,6 +90,8 @@ from bastion.stores.errors import (
     ToolOperationUncertainError,
     TurnConflictError,
 )
+from bastion.stores.filters import ConversationFilter
+from bastion.stores.schema import ConversationSchema
 
 __all__ = ["SqliteAgentPersistence", "SqliteStore"]
 
@@ -96,24 +105,8 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 # Named statements. `:owner` and `:tenant` are the caller's; every statement touching a row filters
 # on them, so a foreign row is invisible exactly like a missing one.
-_CONVERSATION_COLUMNS: Final = "id, title, tenant_id, revision, created_at, updated_at"
 _OWNED: Final = "owner_id = :owner and tenant_id is :tenant"
 
-_INSERT_CONVERSATION: Final = (
-    "insert into bastion_conversations (id, owner_id, tenant_id, title, created_at, updated_at) "
-    f"values (:id, :owner, :tenant, :title, :now, :now) returning {_CONVERSATION_COLUMNS}"
-)
-_LIST_CONVERSATIONS: Final = (
-    f"select {_CONVERSATION_COLUMNS} from bastion_conversations where {_OWNED} "
-    "order by updated_at desc, id limit :limit"
-)
-_GET_CONVERSATION: Final = (
-    f"select {_CONVERSATION_COLUMNS} from bastion_conversations where id = :id and {_OWNED}"
-)
-_RENAME_CONVERSATION: Final = (
-    "update bastion_conversations set title = :title, updated_at = :now "
-    f"where id = :id and {_OWNED} returning {_CONVERSATION_COLUMNS}"
-)
 _DELETE_CONVERSATION: Final = f"delete from bastion_conversations where id = :id and {_OWNED} returning id"
 _CONVERSATION_EXISTS: Final = f"select 1 from bastion_conversations where id = :id and {_OWNED}"
 _LIST_MESSAGES: Final = (
@@ -235,24 +228,33 @@ class SqliteStore:
     process that died, then started again) is released as soon as a claim meets it.
     """
 
-    def __init__(self, executor: ThreadPoolExecutor, connection: sqlite3.Connection) -> None:
+    def __init__(
+        self,
+        executor: ThreadPoolExecutor,
+        connection: sqlite3.Connection,
+        *,
+        schema: ConversationSchema[Any] | None = None,
+    ) -> None:
         self._executor = executor
         self._connection = connection
         self._closed = False
         self.worker_key: Final = new_worker_key()
         _LIVE_WORKERS.add(self.worker_key)
         self._leases = LeaseKeeper(self._renew_leases)
+        self.schema: Final = schema or ConversationSchema()
 
     @classmethod
-    async def open(cls, path: str | os.PathLike[str]) -> SqliteStore:
-        """A store over the database file at `path`, created if absent."""
+    async def open(
+        cls, path: str | os.PathLike[str], *, schema: ConversationSchema[Any] | None = None
+    ) -> SqliteStore:
+        """A store over the database file at `path`, created if absent; `schema` as for `PostgresStore`."""
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bastion-sqlite")
         try:
             connection = await asyncio.get_running_loop().run_in_executor(executor, _connect, os.fspath(path))
         except BaseException:
             executor.shutdown(wait=False)
             raise
-        return cls(executor, connection)
+        return cls(executor, connection, schema=schema)
 
     async def close(self) -> None:
         """Close the connection after the work already queued; later calls raise `RuntimeError`."""
@@ -276,6 +278,14 @@ class SqliteStore:
         """Apply pending migrations (up to version `upto`) in one transaction; return their versions."""
         migrations = [m for m in available_sqlite_migrations() if upto is None or m.version <= upto]
         return await self._run(lambda conn: _apply_migrations(conn, migrations), write=True)
+
+    async def migrate_application(self, *, component: str, migrations: Sequence[Migration]) -> list[int]:
+        """Apply an application's own migrations after bastion's, recorded under `component`, in one
+        transaction, as `apply_application_migrations` does for Postgres."""
+        check_component(component)
+        return await self._run(
+            lambda conn: _apply_migrations(conn, migrations, component=component), write=True
+        )
 
     async def _renew_leases(self, run_ids: list[str], lease_seconds: float) -> None:
         params = {
@@ -310,41 +320,82 @@ class SqliteStore:
     # Entity API: user-scoped, tenant-scoped under a tenant; the owner comes from the identity only.
 
     async def create_conversation(
-        self, identity: StoreIdentity, *, title: str | None = None, conversation_id: str | None = None
-    ) -> Conversation:
-        """A new conversation owned by `identity` (and its tenant); the owner is never an input."""
-        check_title(title)
+        self,
+        identity: StoreIdentity,
+        *,
+        title: str | None = None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+        state: object = None,
+        columns: Mapping[str, object] | None = None,
+    ) -> Conversation[Any]:
+        """A new conversation owned by `identity` (and its tenant); the owner is never an input.
+
+        `agent_name`, `state` (validated by the schema) and registered `columns` are the application's.
+        """
+        values = new_conversation_values(
+            self.schema, title=title, agent_name=agent_name, state=state, columns=columns
+        )
         chosen = parse_uuid(conversation_id) if conversation_id is not None else str(uuid.uuid4())
-        params = _scope(identity, chosen) | {"title": title, "now": _now()}
+        params = _scope(identity, chosen) | values | {"now": _now()}
+        statement = sqlite_insert(self.schema, values)
         try:
-            row = await self._run(
-                lambda conn: conn.execute(_INSERT_CONVERSATION, params).fetchone(), write=True
-            )
+            row = await self._run(lambda conn: conn.execute(statement, params).fetchone(), write=True)
         except sqlite3.IntegrityError:
             raise InvalidInputError() from None
-        return _conversation(row)
+        return self._conversation(row)
 
-    async def list_conversations(self, identity: StoreIdentity, *, limit: int = 50) -> list[Conversation]:
-        """The caller's conversations, most recently active first."""
+    async def list_conversations(
+        self, identity: StoreIdentity, *, limit: int = 50, filter: ConversationFilter | None = None
+    ) -> list[Conversation[Any]]:
+        """The caller's conversations, most recently active first, narrowed by `filter`."""
         check_limit(limit)
-        params = _scope(identity) | {"limit": limit}
-        rows = await self._run(lambda conn: conn.execute(_LIST_CONVERSATIONS, params).fetchall(), write=False)
-        return [_conversation(row) for row in rows]
+        where = (filter or ConversationFilter()).checked(self.schema.columns)
+        statement, values = sqlite_list(self.schema, where)
+        params = _scope(identity) | values | {"limit": limit}
+        rows = await self._run(lambda conn: conn.execute(statement, params).fetchall(), write=False)
+        return [self._conversation(row) for row in rows]
 
-    async def get_conversation(self, identity: StoreIdentity, conversation_id: str) -> Conversation:
+    async def get_conversation(self, identity: StoreIdentity, conversation_id: str) -> Conversation[Any]:
         params = _scope(identity, parse_uuid(conversation_id))
-        row = await self._run(lambda conn: conn.execute(_GET_CONVERSATION, params).fetchone(), write=False)
-        return _conversation(row)
+        statement = (
+            f"select {sqlite_select(self.schema)} from bastion_conversations where id = :id and {_OWNED}"
+        )
+        row = await self._run(lambda conn: conn.execute(statement, params).fetchone(), write=False)
+        return self._conversation(row)
 
     async def update_conversation(
         self, identity: StoreIdentity, conversation_id: str, *, title: str | None
-    ) -> Conversation:
+    ) -> Conversation[Any]:
         """Rename a conversation: the only field a user may change."""
         conversation = parse_uuid(conversation_id)
         check_title(title)
         params = _scope(identity, conversation) | {"title": title, "now": _now()}
-        row = await self._run(lambda conn: conn.execute(_RENAME_CONVERSATION, params).fetchone(), write=True)
-        return _conversation(row)
+        statement = (
+            "update bastion_conversations set title = :title, updated_at = :now "
+            f"where id = :id and {_OWNED} returning {sqlite_select(self.schema)}"
+        )
+        row = await self._run(lambda conn: conn.execute(statement, params).fetchone(), write=True)
+        return self._conversation(row)
+
+    async def set_conversation_state(
+        self, identity: StoreIdentity, conversation_id: str, state: object
+    ) -> Conversation[Any]:
+        """Replace the conversation's application state (validated by the schema; None clears it)."""
+        conversation = parse_uuid(conversation_id)
+        text = self.schema.dump_state(state) if state is not None else None
+        params = _scope(identity, conversation) | {"state": text, "now": _now()}
+        statement = (
+            "update bastion_conversations set state = :state, updated_at = :now "
+            f"where id = :id and {_OWNED} returning {sqlite_select(self.schema)}"
+        )
+        row = await self._run(lambda conn: conn.execute(statement, params).fetchone(), write=True)
+        return self._conversation(row)
+
+    def _conversation(self, row: tuple[Any, ...] | None) -> Conversation[Any]:
+        if row is None:
+            raise NotFoundError()
+        return conversation_from_row(self.schema, row, time=_time, stored_json=json.loads)
 
     async def delete_conversation(self, identity: StoreIdentity, conversation_id: str) -> None:
         """Delete a conversation with its messages, runs, events, tool executions and feedback."""
@@ -640,12 +691,26 @@ def _transaction(connection: sqlite3.Connection, work: Work[T], write: bool) -> 
     return result
 
 
-def _apply_migrations(conn: sqlite3.Connection, migrations: Sequence[Migration]) -> list[int]:
+def _apply_migrations(
+    conn: sqlite3.Connection, migrations: Sequence[Migration], *, component: str = "bastion"
+) -> list[int]:
     conn.execute(
         "create table if not exists bastion_migrations (version integer primary key, name text not null, "
         "checksum text not null, applied_at integer not null) strict"
     )
-    applied = dict(conn.execute("select version, checksum from bastion_migrations").fetchall())
+    conn.execute(
+        "create table if not exists bastion_component_migrations (component text not null, "
+        "version integer not null, name text not null, checksum text not null, applied_at integer not null, "
+        "primary key (component, version)) strict"
+    )
+    if component == "bastion":
+        applied = dict(conn.execute("select version, checksum from bastion_migrations").fetchall())
+    else:
+        applied = dict(
+            conn.execute(
+                "select version, checksum from bastion_component_migrations where component = ?", (component,)
+            ).fetchall()
+        )
     done: list[int] = []
     for migration in migrations:
         if migration.version in applied:
@@ -654,10 +719,17 @@ def _apply_migrations(conn: sqlite3.Connection, migrations: Sequence[Migration])
             continue
         for statement in _statements(migration.sql):
             conn.execute(statement)
-        conn.execute(
-            "insert into bastion_migrations (version, name, checksum, applied_at) values (?, ?, ?, ?)",
-            (migration.version, migration.name, migration.checksum, _now()),
-        )
+        if component == "bastion":
+            conn.execute(
+                "insert into bastion_migrations (version, name, checksum, applied_at) values (?, ?, ?, ?)",
+                (migration.version, migration.name, migration.checksum, _now()),
+            )
+        else:
+            conn.execute(
+                "insert into bastion_component_migrations (component, version, name, checksum, applied_at) "
+                "values (?, ?, ?, ?, ?)",
+                (component, migration.version, migration.name, migration.checksum, _now()),
+            )
         done.append(migration.version)
     return done
 
@@ -816,20 +888,6 @@ def _now() -> int:
 
 def _time(microseconds: int) -> datetime:
     return _EPOCH + timedelta(microseconds=microseconds)
-
-
-def _conversation(row: tuple[Any, ...] | None) -> Conversation:
-    if row is None:
-        raise NotFoundError()
-    conversation_id, title, tenant_id, revision, created_at, updated_at = row
-    return Conversation(
-        id=conversation_id,
-        title=title,
-        tenant_id=tenant_id,
-        revision=revision,
-        created_at=_time(created_at),
-        updated_at=_time(updated_at),
-    )
 
 
 def _tool_event(kind: str, call_id: str, name: str) -> dict[str, Any]:
