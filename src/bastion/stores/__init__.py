@@ -2,7 +2,8 @@
 
 `PostgresStore` is the production store (row-level security in the database); `SqliteStore` keeps the
 same contract in one SQLite file for one process (rules in its queries). The shapes in
-`bastion.stores.entities` and the errors in `bastion.stores.errors` are shared by every store.
+`bastion.stores.entities` and the errors in `bastion.stores.errors` are shared by every store, and so is
+what an application adds to conversations (`ConversationSchema`: typed state, `AppColumn`s to filter on).
 
 SQLite needs nothing beyond Python. The Postgres names (`PostgresStore`, `PostgresAgentPersistence`,
 `grant_application_role`, `ApplicationRoleError`) load on first use and need `bastion[postgres]`;
@@ -43,6 +44,14 @@ from bastion.stores.errors import (
     ToolOperationUncertainError,
     TurnConflictError,
 )
+from bastion.stores.filters import (
+    AppColumn,
+    ColumnKind,
+    ConversationFilter,
+    InvalidFilterError,
+    conversation_cursor,
+)
+from bastion.stores.schema import ConversationSchema, InvalidStateError
 from bastion.stores.sqlite import SqliteAgentPersistence, SqliteStore
 
 if TYPE_CHECKING:
@@ -68,11 +77,17 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AppColumn",
     "ApplicationRoleError",
+    "ColumnKind",
     "Conversation",
     "ConversationBusyError",
+    "ConversationFilter",
+    "ConversationSchema",
     "Feedback",
+    "InvalidFilterError",
     "InvalidInputError",
+    "InvalidStateError",
     "Migration",
     "MigrationChangedError",
     "NotFoundError",
@@ -96,5 +111,6 @@ __all__ = [
     "apply_migrations",
     "available_migrations",
     "check_storable_message",
+    "conversation_cursor",
     "grant_application_role",
 ]

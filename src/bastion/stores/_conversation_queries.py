@@ -3,6 +3,7 @@
 Identifiers come only from bastion's own column list and the application's registered columns
 (`AppColumn` names, checked when registered); every value is a parameter. The Postgres statements
 rely on row-level security for the caller's rows; the SQLite ones add the owner and tenant clause.
+Statements are plain text, so the SQLite store needs no Postgres driver.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Final
-
-from psycopg import sql
 
 from bastion.stores._turns import check_title
 from bastion.stores.entities import Conversation, check_text
@@ -93,41 +92,34 @@ def sqlite_json(text: str) -> Any:
     return json.loads(text)
 
 
-def postgres_select(schema: ConversationSchema[Any]) -> sql.Composed:
-    """The select list `_conversation_row` reads: bastion's columns, then the registered ones."""
-    names = [sql.SQL("id::text"), *(sql.Identifier(name) for name in (*_BASTION_COLUMNS, *schema.columns))]
-    return sql.SQL(", ").join(names)
+def postgres_select(schema: ConversationSchema[Any]) -> str:
+    """The select list `conversation_from_row` reads: bastion's columns, then the registered ones."""
+    return ", ".join(["id::text", *(_quoted(name) for name in (*_BASTION_COLUMNS, *schema.columns))])
 
 
-def postgres_insert(schema: ConversationSchema[Any], values: Mapping[str, Any]) -> sql.Composed:
+def postgres_insert(schema: ConversationSchema[Any], values: Mapping[str, Any]) -> str:
     """Insert the given columns only, so the others keep their defaults (owner, tenant, times)."""
-    names = ["id", *values]
-    placeholders: list[sql.Composable] = [sql.SQL("coalesce(%(id)s::uuid, gen_random_uuid())")]
-    for name in values:
-        cast = "::jsonb" if name == "state" else ""
-        placeholders.append(sql.SQL("{}" + cast).format(sql.Placeholder(name)))
-    return sql.SQL("insert into bastion.conversations ({}) values ({}) returning {}").format(
-        sql.SQL(", ").join(sql.Identifier(name) for name in names),
-        sql.SQL(", ").join(placeholders),
-        postgres_select(schema),
+    names = ", ".join(_quoted(name) for name in ("id", *values))
+    placeholders = ["coalesce(%(id)s::uuid, gen_random_uuid())"]
+    placeholders += [f"%({name})s::jsonb" if name == "state" else f"%({name})s" for name in values]
+    return (
+        f"insert into bastion.conversations ({names}) values ({', '.join(placeholders)}) "
+        f"returning {postgres_select(schema)}"
     )
 
 
-def postgres_list(
-    schema: ConversationSchema[Any], where: CheckedFilter
-) -> tuple[sql.Composed, dict[str, Any]]:
+def postgres_list(schema: ConversationSchema[Any], where: CheckedFilter) -> tuple[str, dict[str, Any]]:
     """The caller's conversations matching `where`, most recent first; row-level security scopes it."""
-    clauses, params = _clauses(
-        where, placeholder=lambda name: sql.Placeholder(name), time=lambda value: value
+    condition, params = _condition(where, placeholder=lambda name: f"%({name})s", time=lambda value: value)
+    statement = (
+        f"select {postgres_select(schema)} from bastion.conversations where {condition} "
+        "order by updated_at desc, id limit %(limit)s"
     )
-    statement = sql.SQL(
-        "select {} from bastion.conversations where {} order by updated_at desc, id limit %(limit)s"
-    ).format(postgres_select(schema), sql.SQL(" and ").join(clauses))
     return statement, params
 
 
 def sqlite_select(schema: ConversationSchema[Any]) -> str:
-    return ", ".join(["id", *_BASTION_COLUMNS, *(_quoted(name) for name in schema.columns)])
+    return ", ".join(["id", *(_quoted(name) for name in (*_BASTION_COLUMNS, *schema.columns))])
 
 
 def sqlite_insert(schema: ConversationSchema[Any], values: Mapping[str, Any]) -> str:
@@ -141,8 +133,7 @@ def sqlite_insert(schema: ConversationSchema[Any], values: Mapping[str, Any]) ->
 
 def sqlite_list(schema: ConversationSchema[Any], where: CheckedFilter) -> tuple[str, dict[str, Any]]:
     """The same listing for SQLite, inside the caller's owner and tenant."""
-    clauses, params = _clauses(where, placeholder=lambda name: sql.SQL(f":{name}"), time=microseconds)
-    condition = " and ".join(clause.as_string(None) for clause in clauses)
+    condition, params = _condition(where, placeholder=lambda name: f":{name}", time=microseconds)
     statement = (
         f"select {sqlite_select(schema)} from bastion_conversations "
         f"where owner_id = :owner and tenant_id is :tenant and {condition} "
@@ -151,41 +142,35 @@ def sqlite_list(schema: ConversationSchema[Any], where: CheckedFilter) -> tuple[
     return statement, params
 
 
-def _clauses(
-    where: CheckedFilter, *, placeholder: Any, time: Any
-) -> tuple[list[sql.Composable], dict[str, Any]]:
-    """The filter as `and`-ed clauses over named parameters (`f_...`, never a column name from input)."""
-    clauses: list[sql.Composable] = [sql.SQL("true")]
+def _condition(
+    where: CheckedFilter, *, placeholder: Callable[[str], str], time: Callable[[datetime], Any]
+) -> tuple[str, dict[str, Any]]:
+    """The filter as `and`-ed clauses over named parameters (`f_...`, never a name from input)."""
+    clauses = ["true"]
     params: dict[str, Any] = {}
     if where.agent_name is not None:
-        clauses.append(sql.SQL("agent_name = {}").format(placeholder("f_agent")))
+        clauses.append(f"agent_name = {placeholder('f_agent')}")
         params["f_agent"] = where.agent_name
     for index, (name, value) in enumerate(where.columns.items()):
         key = f"f_column_{index}"
-        clauses.append(sql.SQL("{} = {}").format(_identifier(name), placeholder(key)))
+        clauses.append(f"{_quoted(name)} = {placeholder(key)}")
         params[key] = value
     if where.updated_after is not None:
-        clauses.append(sql.SQL("updated_at > {}").format(placeholder("f_after")))
+        clauses.append(f"updated_at > {placeholder('f_after')}")
         params["f_after"] = time(where.updated_after)
     if where.updated_before is not None:
-        clauses.append(sql.SQL("updated_at < {}").format(placeholder("f_before")))
+        clauses.append(f"updated_at < {placeholder('f_before')}")
         params["f_before"] = time(where.updated_before)
     if where.cursor is not None:
         stamp, last_id = where.cursor
-        clauses.append(
-            sql.SQL("(updated_at < {at} or (updated_at = {at} and id > {id}))").format(
-                at=placeholder("f_cursor_at"), id=placeholder("f_cursor_id")
-            )
-        )
+        at, after_id = placeholder("f_cursor_at"), placeholder("f_cursor_id")
+        clauses.append(f"(updated_at < {at} or (updated_at = {at} and id > {after_id}))")
         params["f_cursor_at"] = time(from_microseconds(stamp))
         params["f_cursor_id"] = last_id
-    return clauses, params
-
-
-def _identifier(name: str) -> sql.Composable:
-    return sql.SQL(_quoted(name))
+    return " and ".join(clauses), params
 
 
 def _quoted(name: str) -> str:
-    """A registered or bastion column name, quoted; such names are `[a-z][a-z0-9_]*`, so no escaping."""
+    """A bastion column name or a registered one (checked `[a-z][a-z0-9_]*` when registered, so it
+    needs no escaping), quoted."""
     return f'"{name}"'

@@ -25,7 +25,6 @@ from bastion._extras import missing_extra
 
 try:
     import psycopg
-    from psycopg import sql
     from psycopg.pq import TransactionStatus
     from psycopg.rows import TupleRow
     from psycopg.types.json import Jsonb
@@ -337,9 +336,7 @@ class PostgresStore:
         with _database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(
-                    sql.SQL("select {} from bastion.conversations where id = %s").format(
-                        postgres_select(self.schema)
-                    ),
+                    f"select {postgres_select(self.schema)} from bastion.conversations where id = %s",
                     (conversation,),
                 )
         return self._conversation(await cursor.fetchone())
@@ -353,10 +350,8 @@ class PostgresStore:
         with _database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(
-                    sql.SQL(
-                        "update bastion.conversations set title = %s, updated_at = now() "
-                        "where id = %s returning {}"
-                    ).format(postgres_select(self.schema)),
+                    "update bastion.conversations set title = %s, updated_at = now() "
+                    f"where id = %s returning {postgres_select(self.schema)}",
                     (title, conversation),
                 )
         return self._conversation(await cursor.fetchone())
@@ -370,10 +365,8 @@ class PostgresStore:
         with _database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(
-                    sql.SQL(
-                        "update bastion.conversations set state = %s::jsonb, updated_at = now() "
-                        "where id = %s returning {}"
-                    ).format(postgres_select(self.schema)),
+                    "update bastion.conversations set state = %s::jsonb, updated_at = now() "
+                    f"where id = %s returning {postgres_select(self.schema)}",
                     (text, conversation),
                 )
         return self._conversation(await cursor.fetchone())
