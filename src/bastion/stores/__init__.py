@@ -51,6 +51,13 @@ from bastion.stores.filters import (
     InvalidFilterError,
     conversation_cursor,
 )
+from bastion.stores.run import (
+    AgentRunContext,
+    AgentRunResult,
+    ConversationNotFoundError,
+    RunStore,
+    run_agent,
+)
 from bastion.stores.schema import ConversationSchema, InvalidStateError
 from bastion.stores.sqlite import SqliteAgentPersistence, SqliteStore
 
@@ -77,12 +84,15 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AgentRunContext",
+    "AgentRunResult",
     "AppColumn",
     "ApplicationRoleError",
     "ColumnKind",
     "Conversation",
     "ConversationBusyError",
     "ConversationFilter",
+    "ConversationNotFoundError",
     "ConversationSchema",
     "Feedback",
     "InvalidFilterError",
@@ -95,6 +105,7 @@ __all__ = [
     "PostgresStore",
     "Rating",
     "RunEvent",
+    "RunStore",
     "SqliteAgentPersistence",
     "SqliteStore",
     "StoreError",
@@ -113,4 +124,5 @@ __all__ = [
     "check_storable_message",
     "conversation_cursor",
     "grant_application_role",
+    "run_agent",
 ]
