@@ -4,6 +4,7 @@ and a typed conversation state. Its migrations run after bastion's, as an applic
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pydantic
@@ -88,6 +89,8 @@ def projects_database(cluster: PostgresCluster) -> str:
         await apply_migrations(dsn)
         await apply_application_migrations(dsn, component="projects", migrations=[POSTGRES_PROJECTS])
 
-    asyncio.run(migrate())
+    # On its own thread: a fixture may be set up while a test's event loop is running.
+    with ThreadPoolExecutor(max_workers=1) as thread:
+        thread.submit(asyncio.run, migrate()).result()
     cluster.create_login_roles()
     return name

@@ -25,7 +25,7 @@ projects = Table(
     Column("name", Text, nullable=False),
     schema="app",
 )
-bastion = bastion_tables(
+agent_tables = bastion_tables(
     metadata, conversation_columns=[Column("project_id", Uuid(as_uuid=False), ForeignKey("app.projects.id"))]
 )
 
@@ -72,7 +72,7 @@ async def seed(pg_cluster: PostgresCluster, database: str) -> tuple[StoreIdentit
 
 
 def planner_conversations_with_projects() -> Any:
-    conversations = bastion.conversations
+    conversations = agent_tables.conversations
     return (
         select(conversations.c.id, conversations.c.owner_id, projects.c.name, conversations.c.state)
         .join(projects, projects.c.id == conversations.c.project_id)
@@ -95,7 +95,7 @@ async def test_a_join_with_an_application_table_returns_only_the_callers_rows(
     stranger = StoreIdentity(user_id=str(uuid.uuid4()), tenant_id="tenant-b")
     async with caller_session(engine, stranger) as session:
         assert (await session.execute(planner_conversations_with_projects())).all() == []
-        assert (await session.execute(select(func.count()).select_from(bastion.messages))).scalar() == 0
+        assert (await session.execute(select(func.count()).select_from(agent_tables.messages))).scalar() == 0
 
 
 async def test_the_caller_lasts_only_for_its_transaction(engine: AsyncEngine) -> None:
@@ -104,7 +104,9 @@ async def test_the_caller_lasts_only_for_its_transaction(engine: AsyncEngine) ->
     async with engine.connect() as conn:
         assert (await conn.execute(select(func.current_user()))).scalar() == "bastion_app"
         # Without a caller the application role sees nothing: no claims, no rows.
-        assert (await conn.execute(select(func.count()).select_from(bastion.conversations))).scalar() == 0
+        assert (
+            await conn.execute(select(func.count()).select_from(agent_tables.conversations))
+        ).scalar() == 0
 
 
 async def test_a_raw_owner_connection_bypasses_the_rules(pg_cluster: PostgresCluster, database: str) -> None:
@@ -114,9 +116,9 @@ async def test_a_raw_owner_connection_bypasses_the_rules(pg_cluster: PostgresClu
     app = create_engine(url(pg_cluster, database, "bastion_app"))
     try:
         with owner.connect() as conn:
-            everyone = conn.execute(select(func.count()).select_from(bastion.conversations)).scalar()
+            everyone = conn.execute(select(func.count()).select_from(agent_tables.conversations)).scalar()
         with sync_caller_session(app, person()) as session:
-            nobody = session.execute(select(func.count()).select_from(bastion.conversations)).scalar()
+            nobody = session.execute(select(func.count()).select_from(agent_tables.conversations)).scalar()
     finally:
         owner.dispose()
         app.dispose()
@@ -125,6 +127,6 @@ async def test_a_raw_owner_connection_bypasses_the_rules(pg_cluster: PostgresClu
 
 
 def test_alembic_leaves_bastions_tables_to_bastions_migrations() -> None:
-    assert not exclude_bastion_tables(bastion.conversations, "conversations", "table", False, None)
-    assert not exclude_bastion_tables(bastion.conversations.c.state, "state", "column", False, None)
+    assert not exclude_bastion_tables(agent_tables.conversations, "conversations", "table", False, None)
+    assert not exclude_bastion_tables(agent_tables.conversations.c.state, "state", "column", False, None)
     assert exclude_bastion_tables(projects, "projects", "table", False, None)
