@@ -188,7 +188,6 @@ async def test_a_bad_filter_over_http_is_a_400_naming_the_parameter(store: Postg
         ("before=yesterday", "before"),
         ("after=2026-01-01T00:00:00", "after"),
         ("cursor=abc", "cursor"),
-        ("limit=0", "limit"),
         ("agent=a&agent=b", "agent"),
     ]:
         response = await api.http.get(f"/api/conversations?{query}", headers=api.headers(alice))
@@ -196,7 +195,11 @@ async def test_a_bad_filter_over_http_is_a_400_naming_the_parameter(store: Postg
         assert response.json() == {
             "code": "invalid_filter",
             "message": f"The filter {parameter!r} is not valid.",
+            "field": parameter,
         }
+    too_few = await api.http.get("/api/conversations?limit=0", headers=api.headers(alice))
+    assert too_few.status_code == 400
+    assert too_few.json()["field"] == "limit"
 
 
 async def test_the_upgrade_converts_text_state_after_an_audit_and_keeps_every_row_visible(
