@@ -154,6 +154,7 @@ async def test_a_chat_creates_the_conversation_for_the_caller_and_streams_the_de
     [created] = listed.json()["conversations"]
     assert created["id"] == conversation
     assert created["title"] == "hello"
+    assert created["agent_name"] == "assistant"
 
 
 async def test_a_foreign_and_a_missing_conversation_are_404_alike(served: Served) -> None:

@@ -212,7 +212,10 @@ class AssistantApp:
         check_storable_message(first)
         with contextlib.suppress(InvalidInputError):
             await self.store.create_conversation(
-                turn.identity, conversation_id=turn.conversation_id, title=_title_from([first])
+                turn.identity,
+                conversation_id=turn.conversation_id,
+                title=_title_from([first]),
+                agent_name=self.agent.name,
             )
 
     # The caller's own MCP credential (BASTION_MCP_AUTH=user only)
