@@ -65,7 +65,7 @@ async def test_upgrade_migration_keys_existing_operations_so_only_an_approved_ca
     owner = identity()
     async with await SqliteStore.open(path) as store:
         assert await store.migrate(upto=1) == [1]
-        conversation = await store.create_conversation(owner)
+    conversation_id = str(uuid.uuid4())
     approved = {
         "id": "a1",
         "role": "assistant",
@@ -88,25 +88,30 @@ async def test_upgrade_migration_keys_existing_operations_so_only_an_approved_ca
         ],
     }
     with sqlite3.connect(path) as conn:
+        # A database of that release holds rows written by that release's statements.
+        conn.execute(
+            "insert into bastion_conversations (id, owner_id, created_at, updated_at) values (?, ?, 0, 0)",
+            (conversation_id, owner.user_id),
+        )
         conn.execute(
             "insert into bastion_messages (conversation_id, owner_id, seq, id, role, message, created_at) "
             "values (?, ?, 1, 'a1', 'assistant', ?, 0)",
-            (conversation.id, owner.user_id, json.dumps(approved)),
+            (conversation_id, owner.user_id, json.dumps(approved)),
         )
         conn.execute(
             "insert into bastion_runs (id, conversation_id, owner_id, request_id, status, lease_expires_at, "
             "started_at) values ('run-1', ?, ?, 'r1', 'completed', 0, 0)",
-            (conversation.id, owner.user_id),
+            (conversation_id, owner.user_id),
         )
         for call, name, output in (("call_0", "delete_file", '"deleted"'), ("call_9", "lookup", "1")):
             conn.execute(
                 "insert into bastion_tool_executions (conversation_id, tool_call_id, run_id, owner_id, "
                 "tool_name, "
                 "input, status, output, started_at) values (?, ?, 'run-1', ?, ?, '{}', 'completed', ?, 0)",
-                (conversation.id, call, owner.user_id, name, output),
+                (conversation_id, call, owner.user_id, name, output),
             )
     async with await SqliteStore.open(path) as store:
-        assert await store.migrate() == [2]
+        assert await store.migrate(upto=2) == [2]
     with sqlite3.connect(path) as conn:
         rows = conn.execute(
             "select tool_call_id, operation_key, output from bastion_tool_executions order by tool_call_id"

@@ -110,7 +110,9 @@ def postgres_insert(schema: ConversationSchema[Any], values: Mapping[str, Any]) 
 
 def postgres_list(schema: ConversationSchema[Any], where: CheckedFilter) -> tuple[str, dict[str, Any]]:
     """The caller's conversations matching `where`, most recent first; row-level security scopes it."""
-    condition, params = _condition(where, placeholder=lambda name: f"%({name})s", time=lambda value: value)
+    condition, params = _condition(
+        where, placeholder=lambda name: f"%({name})s", time=lambda value: value, identifier=_quoted
+    )
     statement = (
         f"select {postgres_select(schema)} from bastion.conversations where {condition} "
         "order by updated_at desc, id limit %(limit)s"
@@ -119,21 +121,24 @@ def postgres_list(schema: ConversationSchema[Any], where: CheckedFilter) -> tupl
 
 
 def sqlite_select(schema: ConversationSchema[Any]) -> str:
-    return ", ".join(["id", *(_quoted(name) for name in (*_BASTION_COLUMNS, *schema.columns))])
+    # Unquoted: SQLite reads a double-quoted name that is no column as a string, silently.
+    return ", ".join(["id", *_BASTION_COLUMNS, *schema.columns])
 
 
 def sqlite_insert(schema: ConversationSchema[Any], values: Mapping[str, Any]) -> str:
     names = ["id", "owner_id", "tenant_id", "created_at", "updated_at", *values]
     placeholders = [":id", ":owner", ":tenant", ":now", ":now", *(f":{name}" for name in values)]
     return (
-        f"insert into bastion_conversations ({', '.join(_quoted(name) for name in names)}) "
+        f"insert into bastion_conversations ({', '.join(names)}) "
         f"values ({', '.join(placeholders)}) returning {sqlite_select(schema)}"
     )
 
 
 def sqlite_list(schema: ConversationSchema[Any], where: CheckedFilter) -> tuple[str, dict[str, Any]]:
     """The same listing for SQLite, inside the caller's owner and tenant."""
-    condition, params = _condition(where, placeholder=lambda name: f":{name}", time=microseconds)
+    condition, params = _condition(
+        where, placeholder=lambda name: f":{name}", time=microseconds, identifier=lambda name: name
+    )
     statement = (
         f"select {sqlite_select(schema)} from bastion_conversations "
         f"where owner_id = :owner and tenant_id is :tenant and {condition} "
@@ -143,7 +148,11 @@ def sqlite_list(schema: ConversationSchema[Any], where: CheckedFilter) -> tuple[
 
 
 def _condition(
-    where: CheckedFilter, *, placeholder: Callable[[str], str], time: Callable[[datetime], Any]
+    where: CheckedFilter,
+    *,
+    placeholder: Callable[[str], str],
+    time: Callable[[datetime], Any],
+    identifier: Callable[[str], str],
 ) -> tuple[str, dict[str, Any]]:
     """The filter as `and`-ed clauses over named parameters (`f_...`, never a name from input)."""
     clauses = ["true"]
@@ -153,7 +162,7 @@ def _condition(
         params["f_agent"] = where.agent_name
     for index, (name, value) in enumerate(where.columns.items()):
         key = f"f_column_{index}"
-        clauses.append(f"{_quoted(name)} = {placeholder(key)}")
+        clauses.append(f"{identifier(name)} = {placeholder(key)}")
         params[key] = value
     if where.updated_after is not None:
         clauses.append(f"updated_at > {placeholder('f_after')}")
