@@ -169,8 +169,24 @@ async def test_the_page_with_development_sign_in(
         assert steps["resumeStandIn"]["text"].startswith("A reply that was still running.")
     assert steps["deleted"]["titles"] == ["Launch plans"]
 
+    memory = steps["memory"]
+    assert "The server could not complete this. Try again in a moment." in memory["error"]
+    assert "db-7" not in memory["error"] and "pool" not in memory["error"]
+    assert "#memory-error" not in memory["before"] and "could not complete" not in memory["before"]
+    assert "Nothing remembered yet" in memory["before"]
+    assert memory["focusAfterEscape"] == "memory-button"
+    assert not memory["rememberAsked"]  # remembering needs no approval in the assistant's permission map
+    assert "Remember about you" in memory["rememberCard"]
+    assert [(m["text"], m["forget"]) for m in memory["remembered"]] == [
+        ("The user's name is Ada.", "Forget “The user's name is Ada.”")
+    ]
+    assert "Your name is Ada" in memory["recalled"] and "remembered it" in memory["recalled"]
+    assert "Nothing remembered yet" in memory["afterForget"] and "Ada" not in memory["afterForget"]
+    assert memory["focusAfterForget"] == "memory-close"
+    assert memory["stored"] == []
+
     signed_out = steps["signedOut"]
-    for trace in ("ada", "Launch plans", "launch is on Friday", "word1"):
+    for trace in ("ada", "Ada", "Launch plans", "launch is on Friday", "word1"):
         assert trace not in signed_out["html"]
     assert signed_out["stored"] == []
     assert signed_out["hash"] == ""
@@ -180,6 +196,8 @@ async def test_the_page_with_development_sign_in(
     assert second["titles"] == [] and second["messages"] == 0
     assert "Launch plans" not in second["text"] and "ada" not in second["text"]
     assert second["probe"]["status"] == 404
+    assert "Nothing remembered yet" in second["memoryShown"] and "Ada" not in second["memoryShown"]
+    assert second["memoryProbe"] == {"forget": 404, "history": 404, "memories": []}
 
     phone = steps["phone"]
     for state in (phone["closed"], phone["opened"]):
@@ -187,6 +205,8 @@ async def test_the_page_with_development_sign_in(
         assert state["messages"] >= 360 and state["prompt"] >= 250 and state["card"] >= 300
     assert not phone["closed"]["sidebarVisible"] and phone["opened"]["sidebarVisible"]
     assert phone["focused"] == "new"  # the opened drawer has the focus; Escape closed it
+    dialog = phone["memoryDialog"]
+    assert dialog["scrollWidth"] <= 390 and dialog["left"] >= 0 and dialog["right"] <= 390
     assert phone["approved"] == ["output-available"]
     assert len(list(shots.glob("*.png"))) >= 10
 

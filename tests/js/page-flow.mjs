@@ -404,6 +404,86 @@ async function development() {
   await page.waitForSelector('.tool-card');
   await screenshot(page, 'conversation');
 
+  // Memory: the panel starts empty; "my name is Ada" is remembered (approving if asked) and the panel
+  // learns it after the turn; a new conversation answers from recall; forgetting it empties the panel.
+  await page.route('**/api/memories', route =>
+    route.fulfill({ status: 503, contentType: 'text/plain', body: 'pool exhausted at db-7:5432' }),
+  );
+  await page.click('#memory-button');
+  await page.waitForSelector('#memory-error');
+  const memoryError = await page.textContent('#memory');
+  await page.click('#memory-close');
+  await page.unroute('**/api/memories');
+  await page.click('#memory-button');
+  await page.waitForSelector('#memory #memory-empty');
+  const memoryBefore = await page.textContent('#memory');
+  await page.keyboard.press('Escape');
+  await page.waitForFunction(() => !document.querySelector('#memory').open);
+  const focusAfterEscape = await page.evaluate(() => document.activeElement?.id);
+  await page.click('#new');
+  const refreshed = page.waitForResponse(r => r.url().endsWith('/api/memories') && r.request().method() === 'GET');
+  await send(page, 'my name is Ada');
+  await page.waitForSelector('.tool-card[data-tool="remember"]');
+  const rememberAsked = await page.isVisible('.tool-card[data-tool="remember"] .approve');
+  if (rememberAsked) await page.click('.tool-card[data-tool="remember"] .approve');
+  await page.waitForSelector('.tool-card[data-tool="remember"][data-state="output-available"]');
+  await idle(page);
+  await refreshed;
+  const rememberCard = await page.innerText('.tool-card[data-tool="remember"]');
+  await page.click('#memory-button');
+  await page.waitForSelector('#memories .memory');
+  const remembered = await page.$$eval('#memories .memory', nodes =>
+    nodes.map(node => ({
+      id: node.dataset.id,
+      text: node.querySelector('.memory-text').textContent,
+      forget: node.querySelector('.forget').getAttribute('aria-label'),
+    })),
+  );
+  await screenshot(page, 'memory');
+  await page.click('#memory-close');
+  await page.waitForFunction(() => !document.querySelector('#memory').open);
+  await page.click('#new');
+  await sendAndWait(page, 'what is my name?');
+  await idle(page);
+  const recalled = await lastAssistantText(page);
+  // Forgotten from the keyboard: the button is reached with Tab and pressed with Enter.
+  await page.focus('#memory-button');
+  await page.keyboard.press('Enter');
+  await page.waitForSelector('#memories .forget');
+  let tabs = 0;
+  while (tabs < 5 && !(await page.evaluate(() => document.activeElement?.classList.contains('forget')))) {
+    await page.keyboard.press('Tab');
+    tabs += 1;
+  }
+  await page.keyboard.press('Enter');
+  await page.waitForSelector('#memory #memory-empty');
+  const memoryToken = await bearer(page);
+  steps.memory = {
+    error: memoryError,
+    before: memoryBefore,
+    focusAfterEscape,
+    rememberAsked,
+    rememberCard,
+    remembered,
+    recalled,
+    afterForget: await page.textContent('#memory'),
+    focusAfterForget: await page.evaluate(() => document.activeElement?.id),
+    stored: await page.evaluate(
+      async token => (await (await fetch('/api/memories', { headers: { authorization: `Bearer ${token}` } })).json()).memories,
+      memoryToken,
+    ),
+  };
+  await page.keyboard.press('Escape');
+  await page.waitForFunction(() => !document.querySelector('#memory').open);
+  // Remembered again, so that sign out has something to clear and the second user something not to see.
+  await sendAndWait(page, 'my name is Ada');
+  await page.waitForSelector('.tool-card[data-tool="remember"][data-state="output-available"]');
+  await idle(page);
+  await page.click('#memory-button');
+  await page.waitForSelector('#memories .memory');
+  const adaMemory = await page.$eval('#memories .memory', node => node.dataset.id);
+  await page.click('#memory-close');
+
   // Sign out: nothing of ada is left on the screen, in storage or in the address.
   await page.click('#sign-out');
   await page.waitForSelector('#sign-in-form');
@@ -427,7 +507,23 @@ async function development() {
     },
     [firstId, await bearer(page)],
   );
+  await page.click('#memory-button');
+  await page.waitForSelector('#memory #memory-empty');
+  const memoryShown = await page.textContent('#memory');
+  await page.click('#memory-close');
+  const memoryProbe = await page.evaluate(
+    async ([id, token]) => {
+      const headers = { authorization: `Bearer ${token}` };
+      const forget = await fetch(`/api/memories/${id}`, { method: 'DELETE', headers });
+      const history = await fetch(`/api/memories/${id}/history`, { headers });
+      const list = await (await fetch('/api/memories', { headers })).json();
+      return { forget: forget.status, history: history.status, memories: list.memories };
+    },
+    [adaMemory, await bearer(page)],
+  );
   steps.secondUser = {
+    memoryShown,
+    memoryProbe,
     user: await page.textContent('#user-name-shown'),
     titles: await conversationTitles(page),
     messages: await page.$$eval('.message', nodes => nodes.length),
@@ -482,7 +578,16 @@ async function phone() {
   await page.waitForFunction(() => getComputedStyle(document.querySelector('#sidebar')).visibility === 'visible');
   await page.click('#conversations .conversation-title');
   await page.waitForFunction(() => getComputedStyle(document.querySelector('#sidebar')).visibility === 'hidden');
-  steps.phone = { closed, opened, focused, approved: await cardStates(page) };
+  await page.click('#memory-button');
+  await page.waitForSelector('#memory #memory-empty');
+  const memoryDialog = await page.evaluate(() => {
+    const box = document.querySelector('#memory').getBoundingClientRect();
+    return { left: box.left, right: box.right, scrollWidth: document.documentElement.scrollWidth };
+  });
+  await screenshot(page, 'phone-memory');
+  await page.keyboard.press('Escape');
+  await page.waitForFunction(() => !document.querySelector('#memory').open);
+  steps.phone = { closed, opened, focused, memoryDialog, approved: await cardStates(page) };
   await context.close();
 }
 

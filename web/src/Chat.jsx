@@ -61,7 +61,7 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
     transport,
     resume: conversation.stored,
     sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
-    onFinish: () => onTurnFinished(conversation.id),
+    onFinish: ({ message }) => onTurnFinished(conversation.id, message),
     onError: error => {
       if (error?.statusCode === 401) {
         onSessionEnded();

@@ -8,6 +8,8 @@ const TITLES = {
   list_notes: 'Read your notes',
   save_note: 'Save a note',
   load_skill: 'Load a guide',
+  remember: 'Remember about you',
+  forget: 'Forget a memory',
 };
 
 export function toolTitle(name) {

@@ -1,7 +1,8 @@
-import { useCallback, useEffect, useMemo, useState } from 'react';
+import { useCallback, useEffect, useMemo, useRef, useState } from 'react';
 import { describeError, makeApi } from './api.js';
 import Chat from './Chat.jsx';
 import { Menu } from './icons.jsx';
+import MemoryPanel from './MemoryPanel.jsx';
 import Sidebar from './Sidebar.jsx';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
@@ -9,6 +10,13 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 function idFromAddress() {
   const id = window.location.hash.slice(1);
   return UUID.test(id) ? id : null;
+}
+
+// The memory tools: a turn that ran one changed what the assistant remembers.
+const MEMORY_TOOLS = new Set(['tool-remember', 'tool-forget']);
+
+function changedMemory(message) {
+  return Boolean(message?.parts?.some(part => MEMORY_TOOLS.has(part.type) && part.state === 'output-available'));
 }
 
 function showInAddress(id) {
@@ -22,6 +30,10 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
   const [current, setCurrent] = useState(null);
   const [problem, setProblem] = useState('');
   const [menuOpen, setMenuOpen] = useState(false);
+  // What the assistant remembers about this user (null until loaded), and why it could not load.
+  const [memories, setMemories] = useState(null);
+  const [memoryProblem, setMemoryProblem] = useState('');
+  const [memoryOpen, setMemoryOpen] = useState(false);
 
   // A refused token ends the session here as it does in the chat.
   const report = useCallback(
@@ -37,6 +49,58 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
     setConversations(body.conversations);
     return body.conversations;
   }, [api]);
+
+  // An answer that arrives after this workspace is gone (its session ended meanwhile) is dropped, so it
+  // cannot turn an ended session into a plain sign out.
+  const mounted = useRef(false);
+  useEffect(() => {
+    mounted.current = true;
+    return () => {
+      mounted.current = false;
+    };
+  }, []);
+
+  const refreshMemories = useCallback(async () => {
+    try {
+      const body = await api('/api/memories');
+      if (!mounted.current) return;
+      setMemories(body.memories);
+      setMemoryProblem('');
+    } catch (error) {
+      if (!mounted.current) return;
+      if (error?.status === 401) onSignOut();
+      else setMemoryProblem(describeError(error));
+    }
+  }, [api, onSignOut]);
+
+  useEffect(() => {
+    refreshMemories();
+  }, [refreshMemories]);
+
+  const openMemory = useCallback(() => {
+    setMenuOpen(false);
+    setMemoryOpen(true);
+    refreshMemories();
+  }, [refreshMemories]);
+  const closeMemory = useCallback(() => setMemoryOpen(false), []);
+
+  const forgetMemory = useCallback(
+    async id => {
+      try {
+        await api(`/api/memories/${id}`, { method: 'DELETE' });
+        if (!mounted.current) return false;
+        setMemories(list => (list ?? []).filter(memory => memory.id !== id));
+        setMemoryProblem('');
+        return true;
+      } catch (error) {
+        if (!mounted.current) return false;
+        if (error?.status === 401) onSignOut();
+        else setMemoryProblem(describeError(error));
+        return false;
+      }
+    },
+    [api, onSignOut],
+  );
 
   const startNew = useCallback(() => {
     setCurrent({ id: crypto.randomUUID(), messages: [], stored: false });
@@ -109,12 +173,14 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
   }
 
   // After a turn the list learns a new conversation's title; the address names it from then on.
+  // A turn that remembered or forgot something changes the memory list too.
   const onTurnFinished = useCallback(
-    id => {
+    (id, message) => {
       showInAddress(id);
       refreshList().catch(() => {});
+      if (changedMemory(message)) refreshMemories();
     },
-    [refreshList],
+    [refreshList, refreshMemories],
   );
 
   const name = user.is_anonymous ? 'Guest' : user.email || user.user_metadata?.name || 'Signed in';
@@ -149,6 +215,16 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
         <span className="user-name" id="user-name-shown">
           {name}
         </span>
+        <button
+          type="button"
+          id="memory-button"
+          aria-haspopup="dialog"
+          aria-expanded={memoryOpen}
+          aria-controls="memory"
+          onClick={openMemory}
+        >
+          Memory
+        </button>
         <button type="button" id="sign-out" onClick={onSignOut}>
           Sign out
         </button>
@@ -160,6 +236,13 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
         onOpen={open}
         onRename={rename}
         onDelete={remove}
+      />
+      <MemoryPanel
+        open={memoryOpen}
+        memories={memories}
+        problem={memoryProblem}
+        onClose={closeMemory}
+        onForget={forgetMemory}
       />
       <div className="scrim" hidden={!menuOpen} onClick={() => setMenuOpen(false)} />
       <main className="chat-area">
