@@ -416,6 +416,7 @@ async function development() {
   await page.unroute('**/api/memories');
   await page.click('#memory-button');
   await page.waitForSelector('#memory #memory-empty');
+  await page.waitForSelector('#memory-error', { state: 'detached' });
   const memoryBefore = await page.textContent('#memory');
   await page.keyboard.press('Escape');
   await page.waitForFunction(() => !document.querySelector('#memory').open);
@@ -446,7 +447,17 @@ async function development() {
   await sendAndWait(page, 'what is my name?');
   await idle(page);
   const recalled = await lastAssistantText(page);
-  // Forgotten from the keyboard: the button is reached with Tab and pressed with Enter.
+  // Forgotten from the keyboard: the button is reached with Tab and pressed with Enter. The list the
+  // panel asked for on opening is held back until the memory is forgotten: arriving late, it is stale.
+  let releaseList;
+  const listHeld = new Promise(done => (releaseList = done));
+  await page.route('**/api/memories', async route => {
+    const response = await route.fetch();
+    await listHeld;
+    await route.fulfill({ response });
+  });
+  const staleList = page.waitForResponse(r => r.url().endsWith('/api/memories') && r.request().method() === 'GET');
+  const forgotten = page.waitForResponse(r => r.request().method() === 'DELETE' && r.url().includes('/api/memories/'));
   await page.focus('#memory-button');
   await page.keyboard.press('Enter');
   await page.waitForSelector('#memories .forget');
@@ -456,6 +467,11 @@ async function development() {
     tabs += 1;
   }
   await page.keyboard.press('Enter');
+  await forgotten;
+  releaseList();
+  await (await staleList).finished();
+  await page.unroute('**/api/memories');
+  await page.evaluate(() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done))));
   await page.waitForSelector('#memory #memory-empty');
   const memoryToken = await bearer(page);
   steps.memory = {

@@ -1,4 +1,4 @@
-import { useEffect, useRef, useState } from 'react';
+import { useEffect, useLayoutEffect, useRef, useState } from 'react';
 import { Trash } from './icons.jsx';
 
 // A modal dialog (the browser's own: it keeps the focus inside, closes with Escape and gives the focus
@@ -20,8 +20,8 @@ export default function MemoryPanel({ open, memories, problem, onClose, onForget
     return () => node.removeEventListener('close', onClose);
   }, [onClose]);
 
-  // A forgotten memory's button is gone: the focus moves to the next one, or to Close.
-  useEffect(() => {
+  // A forgotten memory's button is gone: the focus moves to the next one, or to Close, as it goes.
+  useLayoutEffect(() => {
     if (!refocus.current) return;
     refocus.current = false;
     (dialog.current.querySelector('.forget') ?? dialog.current.querySelector('#memory-close'))?.focus();

@@ -60,14 +60,19 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
     };
   }, []);
 
+  // Only the latest answer counts: a list asked for before a Forget (or a newer list) is stale.
+  const memoryAsk = useRef(0);
+
   const refreshMemories = useCallback(async () => {
+    memoryAsk.current += 1;
+    const ask = memoryAsk.current;
     try {
       const body = await api('/api/memories');
-      if (!mounted.current) return;
+      if (!mounted.current || ask !== memoryAsk.current) return;
       setMemories(body.memories);
       setMemoryProblem('');
     } catch (error) {
-      if (!mounted.current) return;
+      if (!mounted.current || ask !== memoryAsk.current) return;
       if (error?.status === 401) onSignOut();
       else setMemoryProblem(describeError(error));
     }
@@ -80,12 +85,14 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
   const openMemory = useCallback(() => {
     setMenuOpen(false);
     setMemoryOpen(true);
+    setMemoryProblem('');
     refreshMemories();
   }, [refreshMemories]);
   const closeMemory = useCallback(() => setMemoryOpen(false), []);
 
   const forgetMemory = useCallback(
     async id => {
+      memoryAsk.current += 1;
       try {
         await api(`/api/memories/${id}`, { method: 'DELETE' });
         if (!mounted.current) return false;
