@@ -107,6 +107,11 @@ async def wait_for_delete(server: RunningServer) -> bool:
     return await asyncio.to_thread(server.log.deletes.acquire, True, 10)
 
 
+def identity(error: McpConnectionError) -> tuple[str, str, str | None, str | None]:
+    """Everything an error names: a report that loses its connection or tool is a different report."""
+    return (error.code, error.reason, error.connection, error.tool)
+
+
 def assert_reveals_nothing(error: McpConnectionError, *secrets: str) -> None:
     shown = [str(error), repr(error), *(str(arg) for arg in error.args)]
     shown += [repr(value) for value in vars(error).values()]
@@ -178,6 +183,15 @@ async def test_each_invalid_definition_is_refused_with_its_reason_before_connect
         reason,
         "docs",
     )
+
+
+@pytest.mark.parametrize("name", ["has space", "docs\n", 5])
+async def test_a_definition_with_an_unusable_name_is_refused_without_echoing_the_name(name: Any) -> None:
+    definition = McpConnectionDefinition[Ctx](name=name, transport=HTTP)
+    with pytest.raises(McpConnectionError) as raised:
+        await connect(definition)
+    assert identity(raised.value) == ("configuration_error", "invalid_name", None, None)
+    assert str(raised.value).startswith("MCP configuration error: connection None: ")
 
 
 @pytest.mark.parametrize("definitions", ["docs", [object()]], ids=["not-a-list", "not-a-definition"])
@@ -492,12 +506,8 @@ async def test_a_refused_credential_during_a_call_is_authorization_required_and_
                 await run(named(connections)["docs__search"], {"query": "q"})
         finally:
             await connections.close()
-    assert (raised.value.code, raised.value.reason, raised.value.tool) == (
-        "authorization_required",
-        "unauthorized",
-        "docs__search",
-    )
-    assert [(error.code, error.reason) for error in reported] == [("authorization_required", "unauthorized")]
+    assert identity(raised.value) == ("authorization_required", "unauthorized", "docs", "docs__search")
+    assert [identity(error) for error in reported] == [identity(raised.value)]
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -665,11 +675,14 @@ async def test_an_is_error_result_stays_a_result_and_is_reported(server: Running
         output = await run(named(connections)["docs__broken"], {})
     finally:
         await connections.close()
-    assert output["isError"] is True
-    assert "The document store is offline." in output["content"][0]["text"]
-    assert [(error.code, error.reason, error.tool) for error in reported] == [
-        ("execution_failed", "tool_error", "docs__broken")
+    assert output == {
+        "content": [{"type": "text", "text": "Error executing tool broken: The document store is offline."}],
+        "isError": True,
+    }
+    assert [identity(error) for error in reported] == [
+        ("execution_failed", "tool_error", "docs", "docs__broken")
     ]
+    assert str(reported[0]) == "The tool docs__broken on the docs connection reported an error."
 
 
 async def test_a_call_the_server_does_not_answer_in_time_times_out_and_is_reported(
@@ -684,12 +697,8 @@ async def test_a_call_the_server_does_not_answer_in_time_times_out_and_is_report
             await run(named(connections)["docs__slow"], {})
     finally:
         await connections.close()
-    assert (raised.value.code, raised.value.reason, raised.value.tool) == (
-        "execution_failed",
-        "timeout",
-        "docs__slow",
-    )
-    assert [(error.code, error.reason) for error in reported] == [("execution_failed", "timeout")]
+    assert identity(raised.value) == ("execution_failed", "timeout", "docs", "docs__slow")
+    assert [identity(error) for error in reported] == [identity(raised.value)]
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -701,11 +710,7 @@ async def test_a_dropped_connection_fails_the_call_as_connection_failed(transpor
                 await run(named(connections)["docs__disconnect"], {})
         finally:
             await connections.close()
-    assert (raised.value.code, raised.value.reason, raised.value.tool) == (
-        "execution_failed",
-        "connection_failed",
-        "docs__disconnect",
-    )
+    assert identity(raised.value) == ("execution_failed", "connection_failed", "docs", "docs__disconnect")
 
 
 async def test_a_protocol_error_from_the_server_is_execution_failed_and_reveals_nothing(
@@ -718,13 +723,9 @@ async def test_a_protocol_error_from_the_server_is_execution_failed_and_reveals_
             await run(named(connections)["docs__explode"], {})
     finally:
         await connections.close()
-    assert (raised.value.code, raised.value.reason, raised.value.tool) == (
-        "execution_failed",
-        "request_failed",
-        "docs__explode",
-    )
+    assert identity(raised.value) == ("execution_failed", "request_failed", "docs", "docs__explode")
     assert_reveals_nothing(raised.value)
-    assert [(error.code, error.reason) for error in reported] == [("execution_failed", "request_failed")]
+    assert [identity(error) for error in reported] == [identity(raised.value)]
 
 
 async def test_a_failed_call_is_not_retried() -> None:
@@ -747,6 +748,58 @@ async def test_a_failing_on_error_hook_does_not_change_the_outcome(server: Runni
         assert (await run(named(connections)["docs__broken"], {}))["isError"] is True
     finally:
         await connections.close()
+
+
+async def test_arguments_that_are_not_an_object_fail_the_call_before_it_is_sent(
+    server: RunningServer,
+) -> None:
+    reported: list[McpConnectionError] = []
+    connections = await connect(define(server, allowlist=["read"], on_error=reported.append))
+    sent_before = len(server.log.tool_calls("read"))
+    try:
+        item = named(connections)["docs__read"]
+        assert item.execute is not None
+        with pytest.raises(McpConnectionError) as raised:
+            await item.execute(ToolCall(tool_name=item.name, input=["7"], tool_call_id="call-1"))
+    finally:
+        await connections.close()
+    assert identity(raised.value) == ("execution_failed", "invalid_arguments", "docs", "docs__read")
+    assert [identity(error) for error in reported] == [identity(raised.value)]
+    assert len(server.log.tool_calls("read")) == sent_before
+
+
+async def test_an_async_on_error_hook_is_awaited(server: RunningServer) -> None:
+    reported: list[McpConnectionError] = []
+
+    async def report(error: McpConnectionError) -> None:
+        await asyncio.sleep(0)
+        reported.append(error)
+
+    connections = await connect(define(server, allowlist=["broken"], on_error=report))
+    try:
+        await run(named(connections)["docs__broken"], {})
+    finally:
+        await connections.close()
+    assert [identity(error) for error in reported] == [
+        ("execution_failed", "tool_error", "docs", "docs__broken")
+    ]
+
+
+async def test_a_failing_on_error_hook_is_logged_with_its_connection_and_traceback(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    def explode(error: McpConnectionError) -> None:
+        raise RuntimeError("hook failed")
+
+    connections = await connect(define(server, allowlist=["broken"], on_error=explode))
+    try:
+        with caplog.at_level("WARNING", logger="bastion.mcp"):
+            await run(named(connections)["docs__broken"], {})
+    finally:
+        await connections.close()
+    [record] = [r for r in caplog.records if "on_error" in r.getMessage()]
+    assert record.getMessage() == "The on_error hook of the docs connection failed."
+    assert record.exc_info is not None and str(record.exc_info[1]) == "hook failed"
 
 
 # Lifecycle
@@ -802,12 +855,15 @@ async def test_cancelling_during_setup_closes_what_was_opened() -> None:
         assert slow.log.count("DELETE") == 1
 
 
-async def test_a_call_after_close_fails_as_closed(server: RunningServer) -> None:
-    connections = await connect(define(server, allowlist=["read"]))
+async def test_a_call_after_close_fails_as_closed_and_is_reported(server: RunningServer) -> None:
+    reported: list[McpConnectionError] = []
+    connections = await connect(define(server, allowlist=["read"], on_error=reported.append))
     await connections.close()
     with pytest.raises(McpConnectionError) as raised:
         await run(named(connections)["docs__read"], {"id": "1"})
-    assert (raised.value.code, raised.value.reason) == ("execution_failed", "closed")
+    assert identity(raised.value) == ("execution_failed", "closed", "docs", "docs__read")
+    assert str(raised.value) == "The docs connection is closed."
+    assert [identity(error) for error in reported] == [identity(raised.value)]
 
 
 # Server instructions
