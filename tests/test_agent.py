@@ -614,6 +614,47 @@ async def test_an_approval_that_is_not_an_object_is_a_denial_not_a_failed_turn(a
     assert tool_returns(model, 0)[0].outcome == "denied"
 
 
+async def test_every_answer_of_a_step_is_applied_and_a_tool_that_is_gone_fails_its_approved_call() -> None:
+    recorder = Recorder()
+    history = paused_history(approved=False)
+    parts = history[1]["parts"]
+    parts.insert(
+        1,
+        {
+            "type": "tool-retired",
+            "toolCallId": "c0",
+            "state": "approval-responded",
+            "input": {},
+            "approval": {"id": "ap0", "approved": True},
+        },
+    )
+    parts.append(
+        {
+            "type": "tool-lookup",
+            "toolCallId": "c2",
+            "state": "approval-responded",
+            "input": {"q": "y"},
+            "approval": {"id": "ap2", "approved": True},
+        }
+    )
+    model = ScriptedModel(["Done."])
+    _, _, chunks = await run_turn(approval_agent(recorder), model, history)
+    assert chunks[:3] == [
+        {"type": "tool-output-error", "toolCallId": "c0", "errorText": "This tool is no longer available."},
+        {"type": "tool-output-denied", "toolCallId": "c1"},
+        {**chunks[2], "type": "tool-output-available", "toolCallId": "c2"},
+    ]
+    assert recorder.executed == [{"q": "y", "user": "u1"}]
+    returned = {part.tool_call_id: part for part in tool_returns(model, 0)}
+    assert (returned["c0"].tool_name, returned["c0"].content, returned["c0"].outcome) == (
+        "retired",
+        "This tool is no longer available.",
+        "failed",
+    )
+    assert (returned["c1"].tool_name, returned["c1"].outcome) == ("lookup", "denied")
+    assert (returned["c2"].tool_name, returned["c2"].outcome) == ("lookup", "success")
+
+
 async def test_answered_calls_run_but_the_model_waits_while_another_approval_is_open() -> None:
     recorder = Recorder()
     history = paused_history(approved=True)

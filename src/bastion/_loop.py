@@ -433,7 +433,6 @@ class AgentStreamResult:
                     ToolReturnPart(tool_name=name, content=error_text, tool_call_id=call_id, outcome="failed")
                 )
                 continue
-            self._approval_of[call_id] = "approved"
             approval_id = approval.get("id")
             origin = CallOrigin(approval_id=approval_id if isinstance(approval_id, str) else None)
             self._approval_of[call_id] = "approved"
