@@ -40,6 +40,7 @@ from bastion.stores import (
     TurnContext,
     TurnState,
 )
+from bastion.stores._turns import approval_request_events, canonical_json
 from tests.conftest import MigratedDatabase
 from tests.scripted import Call, ScriptedModel
 
@@ -1328,3 +1329,61 @@ async def test_many_users_and_tenants_taking_turns_at_once_see_only_their_own(st
             if other != conversation_id:
                 with pytest.raises(NotFoundError):
                     await store.list_messages(who, other)
+
+
+# The store-independent arithmetic both stores share
+
+
+def test_canonical_json_is_compact_with_sorted_keys_so_equal_inputs_are_equal_text() -> None:
+    assert canonical_json({"b": [1, 2.0], "a": {"d": None, "c": True}}) == (
+        '{"a":{"c":true,"d":null},"b":[1,2.0]}'
+    )
+    assert canonical_json({"x": 1, "y": 2}) == canonical_json({"y": 2, "x": 1})
+
+
+def test_approval_request_events_name_each_new_request_and_skip_known_and_answered_ones() -> None:
+    message = {
+        "parts": [
+            {
+                "type": "tool-lookup",
+                "toolCallId": "c1",
+                "state": "approval-requested",
+                "approval": {"id": "ap1"},
+            },
+            {
+                "type": "tool-lookup",
+                "toolCallId": "c2",
+                "state": "approval-requested",
+                "approval": {"id": "ap2"},
+            },
+            {
+                "type": "dynamic-tool",
+                "toolName": "docs__read",
+                "toolCallId": "c3",
+                "state": "approval-requested",
+                "approval": {"id": "ap3"},
+            },
+            {
+                "type": "tool-lookup",
+                "toolCallId": "c4",
+                "state": "approval-responded",
+                "approval": {"id": "ap4", "approved": True},
+            },
+            {"type": "tool-lookup", "toolCallId": "c5", "state": "approval-requested", "approval": None},
+        ]
+    }
+    assert approval_request_events(message, known=frozenset({"ap2"})) == [
+        {
+            "type": "approval.requested",
+            "data": {"toolCallId": "c1", "toolName": "lookup", "approvalId": "ap1"},
+        },
+        {
+            "type": "approval.requested",
+            "data": {"toolCallId": "c3", "toolName": "docs__read", "approvalId": "ap3"},
+        },
+        {
+            "type": "approval.requested",
+            "data": {"toolCallId": "c5", "toolName": "lookup", "approvalId": None},
+        },
+    ]
+    assert approval_request_events(None, known=frozenset()) == []
