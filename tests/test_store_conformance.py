@@ -40,7 +40,7 @@ from bastion.stores import (
     TurnContext,
     TurnState,
 )
-from bastion.stores._turns import approval_request_events, canonical_json
+from bastion.stores._turns import approval_request_events, canonical_json, run_event
 from tests.conftest import MigratedDatabase
 from tests.scripted import Call, ScriptedModel
 
@@ -1387,3 +1387,33 @@ def test_approval_request_events_name_each_new_request_and_skip_known_and_answer
         },
     ]
     assert approval_request_events(None, known=frozenset()) == []
+
+
+USAGE = {"inputTokens": 3, "outputTokens": 0, "totalTokens": 3}
+
+
+def test_a_run_event_carries_usage_only_in_the_streams_exact_shape() -> None:
+    def event(metadata: Any) -> dict[str, Any]:
+        return run_event("r1", "completed", {"metadata": metadata})
+
+    assert run_event("r1", "failed") == {"type": "run.failed", "data": {"runId": "r1", "status": "failed"}}
+    bare = {"type": "run.completed", "data": {"runId": "r1", "status": "completed"}}
+    assert event({"usage": USAGE, "requestUsage": [USAGE, USAGE]}) == {
+        "type": "run.completed",
+        "data": {"runId": "r1", "status": "completed", "usage": USAGE, "requestUsage": [USAGE, USAGE]},
+    }
+    assert event({"usage": USAGE, "requestUsage": [USAGE, {**USAGE, "totalTokens": -1}]}) == {
+        "type": "run.completed",
+        "data": {"runId": "r1", "status": "completed", "usage": USAGE},
+    }
+    assert event({"usage": USAGE, "requestUsage": "many"})["data"] == {**bare["data"], "usage": USAGE}
+    for usage in (
+        {**USAGE, "totalTokens": -1},
+        {**USAGE, "totalTokens": True},
+        {**USAGE, "totalTokens": 3.0},
+        {"inputTokens": 3, "outputTokens": 0},
+        {**USAGE, "cachedTokens": 1},
+        [3, 0, 3],
+    ):
+        assert event({"usage": usage}) == bare, usage
+    assert event("usage") == bare
