@@ -13,19 +13,21 @@ a turn can build its context anywhere (a durable turn rebuilds it in the process
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
+import json
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, Protocol, TypeAlias, TypeVar
 
 from pydantic_ai.models import KnownModelName, Model
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from bastion.agent import Agent
-from bastion.api import EventStream, operation
+from bastion.api import EventStream, StrictModel, json_response, operation
 from bastion.auth import Principal
 from bastion.chat_request import UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END, ChatRequest
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
@@ -33,14 +35,24 @@ from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
 from bastion.stores._turns import check_storable_message
 from bastion.stores.entities import Conversation, StoreIdentity, TurnContext, TurnState
 from bastion.stores.errors import InvalidInputError, NotFoundError
-from bastion.stream import StreamStatus, create_agent_stream_response
+from bastion.stores.live import ChunkLog, LiveTurns
+from bastion.stream import UI_MESSAGE_STREAM_HEADERS, StreamStatus, create_agent_stream_response
 from bastion.worker import RequestContext, Route
 
-__all__ = ["ChatEndpoint", "ChatStore", "ChatTurn", "ContextFactory", "chat_routes"]
+__all__ = [
+    "ChatEndpoint",
+    "ChatStore",
+    "ChatTurn",
+    "ContextFactory",
+    "LiveTurnStore",
+    "StopResult",
+    "chat_routes",
+]
 
 ContextT = TypeVar("ContextT")
 
 TITLE_LENGTH: Final = 80
+_SETTLE_POLL_SECONDS: Final = 0.05
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +86,19 @@ class ChatStore(Protocol):
     ) -> Conversation[Any]: ...
 
 
+class LiveTurnStore(Protocol):
+    """A store whose turns can be stopped and their streams resumed, from any process."""
+
+    def live_turns(self) -> LiveTurns: ...
+
+
+class StopResult(StrictModel):
+    """The turn a stop was asked of, and whether it settled within the wait."""
+
+    runId: str
+    settled: bool
+
+
 class ChatEndpoint(Generic[ContextT]):
     """The chat route of one agent over one store; `routes()` lists what it serves."""
 
@@ -89,6 +114,7 @@ class ChatEndpoint(Generic[ContextT]):
         path: str = "/api/chat",
         create_conversations: bool = True,
         on_error: Callable[[Exception], str] | None = None,
+        stop_wait_seconds: float = 10.0,
     ) -> None:
         self.agent = agent
         self.store = store
@@ -98,10 +124,20 @@ class ChatEndpoint(Generic[ContextT]):
         self.path = path.rstrip("/") or "/"
         self.create_conversations = create_conversations
         self.on_error = on_error
+        self.stop_wait_seconds = stop_wait_seconds
+        live_turns = getattr(store, "live_turns", None)
+        self.live: LiveTurns | None = live_turns() if callable(live_turns) else None
 
     def routes(self) -> list[Route]:
-        """`POST {path}`: one turn of a conversation, answered with the UI message stream."""
-        return [Route(method="POST", path=self.path, auth="user", handler=self.chat)]
+        """`POST {path}`: one turn of a conversation, answered with the UI message stream; with a store
+        that has live turns, `POST {path}/{id}/stop` and `GET {path}/{id}/stream` (AI SDK resume)."""
+        routes = [Route(method="POST", path=self.path, auth="user", handler=self.chat)]
+        if self.live is not None:
+            routes += [
+                Route(method="POST", path=f"{self.path}/{{id}}/stop", auth="user", handler=self.stop),
+                Route(method="GET", path=f"{self.path}/{{id}}/stream", auth="user", handler=self.resume),
+            ]
+        return routes
 
     @operation(
         body=ChatRequest,
@@ -117,7 +153,13 @@ class ChatEndpoint(Generic[ContextT]):
         )
         run = await self._start_turn(claim, body)
         session = None
+        held = contextlib.ExitStack()
+        stop: asyncio.Event | None = None
+        log: ChunkLog | None = None
         try:
+            if self.live is not None:
+                stop = held.enter_context(self.live.stop_signal(run.state.run_id))
+                log = self.live.log(identity, run.state.run_id, on_stop=stop.set)
             # A closed tab does not stop the run: the reply is finished and saved for the next visit.
             turn = ChatTurn(
                 principal=principal,
@@ -127,9 +169,12 @@ class ChatEndpoint(Generic[ContextT]):
                 run_id=run.state.run_id,
             )
             agent_context = await _resolved(self.context(turn))
-            session = await self.agent.prepare(context=agent_context, execute_tool=run.execute_tool)
+            session = await self.agent.prepare(
+                context=agent_context, cancel=stop, execute_tool=run.execute_tool
+            )
             result = await session.stream(model=self.model, messages=run.messages)
         except BaseException:
+            held.close()
             if session is not None:
                 await session.close()
             await run.finish(status="failed")
@@ -143,6 +188,7 @@ class ChatEndpoint(Generic[ContextT]):
             try:
                 await run.finish(status=status)
             finally:
+                held.close()
                 await opened.close()
 
         return create_agent_stream_response(
@@ -151,7 +197,59 @@ class ChatEndpoint(Generic[ContextT]):
             on_finish=on_finish,
             on_settled=on_settled,
             on_error=self.on_error,
+            log=log,
         )
+
+    @operation(
+        responses={200: StopResult, 202: StopResult, 204: None},
+        errors=(404,),
+    )
+    async def stop(self, request: Request, context: RequestContext) -> Response:
+        """Stop the conversation's running turn, in whichever process runs it.
+
+        The turn settles as cancelled with what it streamed so far. Answers 200 once it settled, 202
+        when it was asked but has not settled within `stop_wait_seconds`, 204 when none was running.
+        """
+        live = self._live()
+        identity = StoreIdentity.from_principal(_principal(context))
+        conversation_id = _conversation_id(context)
+        run_id = await live.request_stop(identity, conversation_id)
+        if run_id is None:
+            return Response(status_code=204)
+        deadline = asyncio.get_running_loop().time() + self.stop_wait_seconds
+        while True:
+            current = await live.live_run(identity, conversation_id)
+            if current is None or current.run_id != run_id:
+                return json_response(StopResult(runId=run_id, settled=True))
+            if asyncio.get_running_loop().time() >= deadline:
+                return json_response(StopResult(runId=run_id, settled=False), status_code=202)
+            await asyncio.sleep(_SETTLE_POLL_SECONDS)
+
+    @operation(
+        responses={
+            200: EventStream("The running turn's UI message stream", UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END),
+            204: None,
+        },
+        errors=(404,),
+    )
+    async def resume(self, request: Request, context: RequestContext) -> Response:
+        """The AI SDK resume protocol: 204 when no turn is in flight, else the current turn's UI message
+        stream from its start, then live until it ends. `?resetStep=1` (AI SDK 7) retracts a step a
+        taken-over turn re-runs with `reset-step`; otherwise the response closes and the client resumes."""
+        live = self._live()
+        identity = StoreIdentity.from_principal(_principal(context))
+        conversation_id = _conversation_id(context)
+        current = await live.live_run(identity, conversation_id)
+        if current is None:
+            return Response(status_code=204)
+        reset_step = request.query_params.get("resetStep") == "1"
+        chunks = live.follow(identity, current.run_id, reset_step=reset_step)
+        return StreamingResponse(_events(chunks), headers=dict(UI_MESSAGE_STREAM_HEADERS))
+
+    def _live(self) -> LiveTurns:
+        if self.live is None:
+            raise NotFoundError()
+        return self.live
 
     async def _start_turn(self, turn: TurnContext, body: ChatRequest) -> AgentRun[Any, Any]:
         """Claim the turn. A conversation's first message (the AI SDK client sends one message then)
@@ -201,13 +299,15 @@ def chat_routes(
     path: str = "/api/chat",
     create_conversations: bool = True,
     on_error: Callable[[Exception], str] | None = None,
+    stop_wait_seconds: float = 10.0,
 ) -> list[Route]:
     """The chat routes of `agent` over `store`, for `create_agent_worker(routes=...)`.
 
     `context(turn)` builds the agent's trusted context for each turn (it may be async).
     `persistence` defaults to `store.persistence(history_window=...)`. With `create_conversations`
     a conversation's first message creates it for the caller. `on_error(exc)` gives the text a
-    client sees for a failed turn.
+    client sees for a failed turn. A store with live turns (`PostgresStore`) adds the stop and
+    resume routes; a stop waits up to `stop_wait_seconds` for the turn to settle.
     """
     return ChatEndpoint(
         agent=agent,
@@ -219,7 +319,14 @@ def chat_routes(
         path=path,
         create_conversations=create_conversations,
         on_error=on_error,
+        stop_wait_seconds=stop_wait_seconds,
     ).routes()
+
+
+async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        yield b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 def title_from(messages: Sequence[Any]) -> str | None:
@@ -236,6 +343,14 @@ def title_from(messages: Sequence[Any]) -> str | None:
                     text = " ".join(part["text"].split())
                     return text[:TITLE_LENGTH] or None
     return None
+
+
+def _conversation_id(context: RequestContext) -> str:
+    """A malformed id is not found, like a foreign one: ids cannot be probed by their shape."""
+    try:
+        return str(uuid.UUID(str(context.params.get("id"))))
+    except ValueError:
+        raise NotFoundError() from None
 
 
 def _principal(context: RequestContext) -> Principal:
