@@ -123,3 +123,43 @@ async def test_a_malformed_chat_request_is_a_400(
     assert response.status_code == 400
     assert response.json()["code"] == code
     assert await sqlite.list_conversations(IDENTITY) == []
+
+
+async def test_a_first_message_creates_the_conversation_for_the_agent_and_the_context_knows_the_run(
+    sqlite: SqliteStore,
+) -> None:
+    project = Project()
+    seen: list[ChatTurn] = []
+
+    def context(turn: ChatTurn) -> ChatTurn:
+        seen.append(turn)
+        return turn
+
+    agent = define_agent(name="helper", instructions="Answer.")
+    routes = chat_routes(agent=agent, store=sqlite, model=ScriptedModel(["Hello."]), context=context)
+    app = create_agent_worker(env=project.env, routes=routes)
+    conversation = str(uuid.uuid4())
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://t") as http:
+        body = {"id": conversation, "messages": [user("hello  there")], "trigger": "submit-message"}
+        response = await http.post("/api/chat", json=body, headers=project.headers())
+    assert response.status_code == 200, response.text
+    [created] = await sqlite.list_conversations(IDENTITY)
+    assert (created.id, created.agent_name, created.title) == (conversation, "helper", "hello there")
+    [turn] = seen
+    [started, _] = await sqlite.list_events(IDENTITY, conversation)
+    assert (turn.conversation_id, turn.run_id) == (conversation, started.run_id)
+
+
+async def test_a_first_message_that_is_not_a_new_user_message_stores_nothing(sqlite: SqliteStore) -> None:
+    project = Project()
+    agent = define_agent(name="helper", instructions="Answer.")
+    routes = chat_routes(
+        agent=agent, store=sqlite, model=ScriptedModel(["Hello."]), context=lambda turn: turn
+    )
+    app = create_agent_worker(env=project.env, routes=routes)
+    reply = {"id": "a1", "role": "assistant", "parts": [{"type": "text", "text": "I said this."}]}
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://t") as http:
+        body = {"id": str(uuid.uuid4()), "messages": [reply], "trigger": "submit-message"}
+        response = await http.post("/api/chat", json=body, headers=project.headers())
+    assert response.json()["code"] == "not_found", response.text
+    assert await sqlite.list_conversations(IDENTITY) == []
