@@ -155,6 +155,12 @@ async def test_a_resumed_stream_replays_the_turn_from_its_start_then_follows_it_
     ):
         nothing = await http.get(f"{second.url}/api/chat/{conversation}/stream", headers=project.headers(ada))
         assert nothing.status_code == 404
+        for method, action in (("GET", "stream"), ("POST", "stop")):
+            # A malformed id is not found, like a foreign one: ids cannot be probed by their shape.
+            malformed = await http.request(
+                method, f"{second.url}/api/chat/not-a-uuid/{action}", headers=project.headers(ada)
+            )
+            assert (malformed.status_code, malformed.json()["code"]) == (404, "not_found")
         posted = await start_turn(http, first.url, project.headers(ada), conversation, "hi")
         await model.waiting.wait()
         foreign = await http.get(
