@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -24,6 +24,7 @@ from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
     ModelRequestPart,
+    ModelResponseStreamEvent,
     NativeToolCallPart,
     NativeToolReturnPart,
     PartDeltaEvent,
@@ -241,8 +242,8 @@ class AgentStreamResult:
             model_settings=self._model_settings,
             model_request_parameters=parameters,
         ) as stream:
-            async for event in stream:
-                if self._cancel is not None and self._cancel.is_set():
+            async for event in _until_cancelled(stream, self._cancel):
+                if event is None:
                     for chunk in _close_open_parts(open_parts):
                         yield chunk
                     yield {"type": "finish-step"}
@@ -574,6 +575,33 @@ def _tool_attributes(call: ToolCall, approval: str, outcome: str | None = None) 
     if outcome is not None:
         attributes["bastion.tool.outcome"] = outcome
     return attributes
+
+
+async def _until_cancelled(
+    events: AsyncIterable[ModelResponseStreamEvent], cancel: asyncio.Event | None
+) -> AsyncIterator[ModelResponseStreamEvent | None]:
+    """The model's events, then None once `cancel` is set, even while the model is between tokens."""
+    if cancel is None:
+        async for event in events:
+            yield event
+        return
+    iterator = aiter(events)
+    waiter = asyncio.ensure_future(cancel.wait())
+    try:
+        while not cancel.is_set():
+            step = asyncio.ensure_future(anext(iterator))
+            await asyncio.wait({step, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
+                break
+            try:
+                yield step.result()
+            except StopAsyncIteration:
+                return
+        yield None
+    finally:
+        waiter.cancel()
 
 
 def _this_task_is_cancelled() -> bool:

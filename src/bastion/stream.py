@@ -28,6 +28,7 @@ __all__ = [
     "AgentStreamResult",
     "OnFinish",
     "OnSettled",
+    "StreamLog",
     "StreamStatus",
     "UIMessage",
     "create_agent_stream_response",
@@ -72,6 +73,16 @@ class AgentStreamResult(Protocol):
     def cancelled(self) -> bool: ...
 
 
+class StreamLog(Protocol):
+    """Where a turn's chunks are also written (a durable log that resumed streams replay)."""
+
+    def add(self, chunk: dict[str, Any]) -> None: ...
+
+    async def flush(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class OnFinish(Protocol):
     """Persists the final assistant message; called once per turn, also when it failed or was cancelled."""
 
@@ -95,6 +106,7 @@ def create_agent_stream_response(
     message_id: str | Callable[[], str] | None = None,
     message_metadata: Any = None,
     usage_metadata: bool = False,
+    log: StreamLog | None = None,
 ) -> AgentStreamResponse:
     """Serve `result` as the AI SDK UI message stream.
 
@@ -106,6 +118,7 @@ def create_agent_stream_response(
     `usage_metadata=True` puts the turn's token usage in the `finish` chunk's `messageMetadata`
     (`{"usage": {...}, "requestUsage": [...]}`, in the AI SDK's names: `inputTokens`, `outputTokens`,
     `totalTokens`), merged into the message's `metadata` as the client merges it.
+    `log` receives every chunk the client is sent, and is flushed before the turn settles.
 
     Raises `ValueError` for arguments that could not produce a valid stream, before anything runs.
     """
@@ -122,6 +135,7 @@ def create_agent_stream_response(
         on_settled=on_settled,
         on_error=on_error,
         usage_metadata=usage_metadata,
+        log=log,
     )
     return AgentStreamResponse(turn, headers=response_headers)
 
@@ -182,9 +196,11 @@ class _Turn:
         on_settled: OnSettled | None,
         on_error: Callable[[Exception], str] | None,
         usage_metadata: bool = False,
+        log: StreamLog | None = None,
     ) -> None:
         self._usage_metadata = usage_metadata
         self._result = result
+        self._log = log
         self._assembler = assembler
         self._start = start
         self._on_finish = on_finish
@@ -200,6 +216,7 @@ class _Turn:
                 self._assembler.apply_metadata(self._start.get("messageMetadata"))
                 self._emit(self._start)
                 status = await self._consume()
+                await self._flush_log()
                 finish_metadata = self._finish_metadata()
                 self._assembler.apply_metadata(finish_metadata)
                 status = await self._settle(status)
@@ -213,6 +230,7 @@ class _Turn:
                 self._send(_DONE)
             finally:
                 events.close()
+                await self._close_log()
 
     def _finish_metadata(self) -> dict[str, Any] | None:
         """The turn's token usage, when asked for and the result counts it (bastion's loop does)."""
@@ -229,6 +247,8 @@ class _Turn:
                 wire, parsed = to_client_json(chunk)
                 self._assembler.apply(parsed)
                 self._send(b"data: " + wire + b"\n\n")
+                if self._log is not None:
+                    self._log.add(parsed)
         except (Exception, asyncio.CancelledError) as exc:
             # The turn runs shielded in its own task: a cancellation reaching here came from inside the
             # turn (a tool or a hook), and the turn still has to settle.
@@ -274,6 +294,22 @@ class _Turn:
 
     def _emit(self, chunk: Mapping[str, Any]) -> None:
         self._send(_event(chunk))
+        if self._log is not None:
+            self._log.add(dict(chunk))
+
+    async def _flush_log(self) -> None:
+        if self._log is not None:
+            try:
+                await self._log.flush()
+            except Exception:
+                logger.exception("Writing the turn's stream log failed.")
+
+    async def _close_log(self) -> None:
+        if self._log is not None:
+            try:
+                await self._log.close()
+            except Exception:
+                logger.exception("Closing the turn's stream log failed.")
 
     def _send(self, event: bytes) -> None:
         if self._events is not None:

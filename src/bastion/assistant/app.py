@@ -6,11 +6,9 @@ every error is JSON with a stable code.
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import logging
-import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -21,9 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from bastion import AgentTools, __version__, start_agent_run
+from bastion import AgentTools, __version__
 from bastion.api import (
-    EventStream,
     InvalidRequestError,
     PlainBody,
     json_response,
@@ -51,8 +48,6 @@ from bastion.assistant.schemas import (
     Info,
 )
 from bastion.auth import Principal, SupabaseEnv, TokenVerifier
-from bastion.chat_request import UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END, ChatRequest
-from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.memory import (
     AgentMemory,
     Embedder,
@@ -64,24 +59,15 @@ from bastion.memory import (
     offline_embedder_available,
 )
 from bastion.memory.offline import NEAR_DUPLICATE_THRESHOLD
-from bastion.persistence import AgentRun
-from bastion.stores import (
-    InvalidInputError,
-    NotFoundError,
-    PostgresStore,
-    StoreIdentity,
-    TurnContext,
-    check_storable_message,
-)
+from bastion.stores import NotFoundError, PostgresStore
+from bastion.stores.chat import ChatEndpoint, ChatTurn
 from bastion.stores.routes import conversation_routes
-from bastion.stream import StreamStatus, create_agent_stream_response
 from bastion.worker import RequestContext, Route, create_agent_worker
 
 __all__ = ["AssistantApp", "build_routes"]
 
 logger = logging.getLogger("bastion.assistant")
 
-TITLE_LENGTH = 80
 MEMORY_SCOPE = "assistant"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
 STATIC_TYPES = {
@@ -117,9 +103,26 @@ class AssistantApp:
             scope=MEMORY_SCOPE,
         )
         self.agent = assistant_agent(remote_tool_names=self.remote_tool_names, memory=self.memory)
-        self.persistence = self.store.persistence(history_window=self.history_window)
         self.demo = self.model is None
-        self.active_model: Model = self.model or demo_model()
+        self._active_model: Model = self.model or demo_model()
+        self.chat = ChatEndpoint(
+            agent=self.agent,
+            store=self.store,
+            model=self._active_model,
+            context=self._context,
+            history_window=self.history_window,
+        )
+        self.persistence = self.chat.persistence
+
+    @property
+    def active_model(self) -> Model:
+        """The model every turn runs: the configured one, else the demo model."""
+        return self._active_model
+
+    @active_model.setter
+    def active_model(self, model: Model) -> None:
+        self._active_model = model
+        self.chat.model = model
 
     def asgi(self, *, lifespan: Any = None) -> Any:
         verifier = TokenVerifier(self.env)
@@ -138,85 +141,17 @@ class AssistantApp:
 
     # Chat
 
-    @operation(
-        body=ChatRequest,
-        responses={200: EventStream("The AI SDK UI message stream", UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END)},
-        errors=(403, 404, 409, 502),
-    )
-    async def chat(self, request: Request, context: RequestContext, *, body: ChatRequest) -> Response:
-        """Run one turn of a conversation and answer with the AI SDK UI message stream."""
-        principal = _principal(context)
-        conversation_id = str(uuid.UUID(body.id))
-        identity = StoreIdentity.from_principal(principal)
-        turn = TurnContext(identity=identity, conversation_id=conversation_id, request_id=str(uuid.uuid4()))
-        run = await self._start_turn(turn, body)
-        assistant_context = AssistantContext(
-            principal=principal,
-            conversation_id=conversation_id,
-            notes=PostgresNoteBook(self.store, identity),
-            remote_tools=self.remote_tools(principal) if self.remote_tools is not None else None,
-            identity=identity,
-            operation_id=run.state.run_id,
+    def _context(self, turn: ChatTurn) -> AssistantContext:
+        """The assistant's trusted context for one turn: the caller, their notes, their MCP tools and
+        their memories, whose writes are keyed by the turn's run."""
+        return AssistantContext(
+            principal=turn.principal,
+            conversation_id=turn.conversation_id,
+            notes=PostgresNoteBook(self.store, turn.identity),
+            remote_tools=self.remote_tools(turn.principal) if self.remote_tools is not None else None,
+            identity=turn.identity,
+            operation_id=turn.run_id,
         )
-        session = None
-        try:
-            # A closed tab does not stop the run: the reply is finished and saved for the next visit.
-            session = await self.agent.prepare(context=assistant_context, execute_tool=run.execute_tool)
-            result = await session.stream(model=self.active_model, messages=run.messages)
-        except BaseException:
-            if session is not None:
-                await session.close()
-            await run.finish(status="failed")
-            raise
-
-        async def on_finish(*, response_message: dict[str, Any], status: StreamStatus) -> None:
-            await run.finish(response_message=response_message, status=status)
-
-        async def on_settled(*, status: StreamStatus) -> None:
-            try:
-                await run.finish(status=status)
-            finally:
-                await session.close()
-
-        return create_agent_stream_response(
-            result, original_messages=run.messages, on_finish=on_finish, on_settled=on_settled
-        )
-
-    async def _start_turn(self, turn: TurnContext, body: ChatRequest) -> AgentRun[Any, Any]:
-        """Claim the turn. A conversation's first message (the AI SDK client sends one message then)
-        creates it for the caller, but only once it is known to be a message a conversation can start
-        with, so a refused request stores nothing."""
-        try:
-            return await self._claim(turn, body)
-        except NotFoundError:
-            if len(body.messages) != 1:
-                raise
-        await self._create_for_chat(turn, body)
-        return await self._claim(turn, body)
-
-    async def _claim(self, turn: TurnContext, body: ChatRequest) -> AgentRun[Any, Any]:
-        return await start_agent_run(
-            persistence=self.persistence, context=turn, messages=body.messages, trigger=body.trigger
-        )
-
-    async def _create_for_chat(self, turn: TurnContext, body: ChatRequest) -> None:
-        """Create the conversation a valid first message starts. Anything but a new user message speaks
-        of a history that is not there: not found. An id that is taken is left alone: the claim that
-        follows answers 404 for anyone else's conversation."""
-        try:
-            [first] = await reconcile_agent_messages([], body.messages, trigger=body.trigger)
-        except AgentMessagesInvalidError:
-            raise
-        except AgentHistoryConflictError:
-            raise NotFoundError() from None
-        check_storable_message(first)
-        with contextlib.suppress(InvalidInputError):
-            await self.store.create_conversation(
-                turn.identity,
-                conversation_id=turn.conversation_id,
-                title=_title_from([first]),
-                agent_name=self.agent.name,
-            )
 
     # The caller's own MCP credential (BASTION_MCP_AUTH=user only)
 
@@ -433,7 +368,7 @@ def _host_name(host: str) -> str:
 def build_routes(app: AssistantApp) -> list[Route]:
     """Every route of the assistant, each declaring its authentication."""
     return [
-        Route(method="POST", path="/api/chat", auth="user", handler=app.chat),
+        *app.chat.routes(),
         *conversation_routes(app.store),
         *memory_routes(app.memory_store, scope=MEMORY_SCOPE),
         Route(method="GET", path="/api/connections/mcp", auth="user", handler=app.connection_status),
@@ -499,21 +434,6 @@ def _principal(context: RequestContext) -> Principal:
     if context.principal is None:
         raise RuntimeError("A user route ran without a verified principal.")
     return context.principal
-
-
-def _title_from(messages: list[Any]) -> str | None:
-    for message in reversed(messages):
-        if isinstance(message, Mapping) and message.get("role") == "user":
-            parts = message.get("parts")
-            for part in parts if isinstance(parts, list) else ():
-                if (
-                    isinstance(part, Mapping)
-                    and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)
-                ):
-                    text = " ".join(part["text"].split())
-                    return text[:TITLE_LENGTH] or None
-    return None
 
 
 def _from_loopback(request: Request) -> bool:

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from types import TracebackType
-from typing import Any, Final, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Self, TypeAlias
 
 from bastion._extras import missing_extra
 
@@ -102,6 +102,9 @@ from bastion.stores.errors import (
 from bastion.stores.filters import ConversationFilter
 from bastion.stores.schema import ConversationSchema
 
+if TYPE_CHECKING:
+    from bastion.stores.postgres_live import PostgresLiveTurns
+
 __all__ = ["PostgresAgentPersistence", "PostgresStore"]
 
 Connection: TypeAlias = psycopg.AsyncConnection[TupleRow]
@@ -153,6 +156,7 @@ class PostgresStore:
         self._liveness: Connection | None = None
         self._liveness_lock = asyncio.Lock()
         self._leases = LeaseKeeper(self._renew_leases)
+        self._live: PostgresLiveTurns | None = None
 
     @classmethod
     async def open(
@@ -205,8 +209,22 @@ class PostgresStore:
         (a `PostgresCredentialProvider`, say) instead of opening more connections."""
         return self._pool
 
+    def live_turns(self) -> PostgresLiveTurns:
+        """Stream logs, followers and stop requests of this store's running turns (`bastion.stores.live`)."""
+        if self._live is None:
+            from bastion.stores.postgres_live import PostgresLiveTurns
+
+            conninfo = self._pool.conninfo
+            if not isinstance(conninfo, str):
+                raise ValueError("Live turns listen on their own connection: open the store with a string.")
+            self._live = PostgresLiveTurns(self, listen_conninfo=conninfo)
+        return self._live
+
     async def close(self) -> None:
-        """Stop renewing leases, release the worker lock, and close the pool if this store opened it."""
+        """Stop renewing leases and listening for live turns, release the worker lock, and close the pool
+        if this store opened it."""
+        if self._live is not None:
+            await self._live.close()
         await self._leases.close()
         liveness, self._liveness = self._liveness, None
         if liveness is not None:

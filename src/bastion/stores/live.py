@@ -1,0 +1,200 @@
+"""Live turns, store-independent: a turn's UI message stream as a log written in batches, read back
+from its start and followed, and the stop signal of a running turn.
+
+A turn writes its chunks through a `ChunkLog`: chunks are coalesced and written at most every
+`interval` seconds (one write per batch, never one per token), each batch naming the turn position
+of its first chunk. A batch marked `reset` starts a new attempt at its position (a durable step
+re-ran after its worker died): what an earlier attempt wrote from there on is superseded.
+`StreamAssembly` applies batches in the order they were written and tells a reader what to send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from bastion.stores.entities import StoreIdentity
+
+__all__ = [
+    "ChunkBatch",
+    "ChunkLog",
+    "LiveRun",
+    "LiveTurns",
+    "StreamAssembly",
+]
+
+logger = logging.getLogger("bastion.stores.live")
+
+Chunk = dict[str, Any]
+
+DEFAULT_FLUSH_INTERVAL: Final = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkBatch:
+    """One write of a run's stream: chunks from turn position `seq`; `reset` supersedes from there."""
+
+    seq: int
+    chunks: Sequence[Chunk]
+    reset: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRun:
+    """The conversation's run in flight: its id and whether it was asked to stop."""
+
+    run_id: str
+    stop_requested: bool = False
+
+
+@dataclass
+class StreamAssembly:
+    """A run's stream as a reader sees it: batches applied in write order, resets resolved.
+
+    `apply` takes each batch, `take` returns what is new to this reader. When a reset supersedes
+    chunks the reader already took, `apply` says so, and the caller retracts them (AI SDK 7
+    `reset-step`) or closes and lets the client replay. Chunks a batch repeats (a replayed durable
+    turn rewrites its deterministic prefix) are skipped.
+    """
+
+    chunks: list[Chunk] = field(default_factory=list)
+    sent: int = 0
+
+    def apply(self, batch: ChunkBatch) -> bool:
+        """Apply one batch; True when it supersedes chunks this reader already took."""
+        if batch.reset and batch.seq < len(self.chunks):
+            del self.chunks[batch.seq :]
+        if batch.seq > len(self.chunks):
+            # A batch past a gap (a lost write): only what continues the stream can be shown.
+            logger.warning("A run's stream has a gap at position %d.", len(self.chunks))
+            return False
+        overlap = len(self.chunks) - batch.seq
+        self.chunks.extend(batch.chunks[overlap:])
+        if batch.reset and batch.seq < self.sent:
+            self.sent = batch.seq
+            return True
+        return False
+
+    def take(self) -> list[Chunk]:
+        """The chunks not sent yet, now counted as sent."""
+        fresh = self.chunks[self.sent :]
+        self.sent = len(self.chunks)
+        return fresh
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.chunks) and self.chunks[-1].get("type") == "finish"
+
+
+ChunkSink = Callable[[ChunkBatch], Awaitable[bool]]
+"""Writes one batch; returns whether the run was asked to stop."""
+
+
+@dataclass(slots=True)
+class _Segment:
+    seq: int
+    reset: bool
+    chunks: list[Chunk] = field(default_factory=list)
+
+
+class ChunkLog:
+    """A run's stream log: `add` chunks as they are produced; a background task writes them in batches.
+
+    `flush()` writes what is pending now; `close()` flushes and stops the writer. A failed write is
+    retried with the next batch; the turn itself never fails because its log could not be written.
+    When a write reports that the run was asked to stop, `on_stop` is called.
+    """
+
+    def __init__(
+        self,
+        sink: ChunkSink,
+        *,
+        interval: float = DEFAULT_FLUSH_INTERVAL,
+        on_stop: Callable[[], None] | None = None,
+        position: int = 0,
+    ) -> None:
+        self._sink = sink
+        self._interval = interval
+        self._on_stop = on_stop
+        self._segments: list[_Segment] = []
+        self._position = position
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def position(self) -> int:
+        """The turn position the next chunk gets."""
+        return self._position
+
+    def add(self, chunk: Chunk) -> None:
+        if self._closed:
+            return
+        last = self._segments[-1] if self._segments else None
+        if last is not None and last.seq + len(last.chunks) == self._position:
+            last.chunks.append(chunk)
+        else:
+            self._segments.append(_Segment(self._position, False, [chunk]))
+        self._position += 1
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+        self._wake.set()
+
+    def reset(self) -> None:
+        """The next chunks start a new attempt at the current position, superseding an earlier one's."""
+        self._segments.append(_Segment(self._position, True))
+
+    async def _run(self) -> None:
+        while not self._closed:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(self._interval)
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write everything added so far, in order."""
+        async with self._lock:
+            while self._segments:
+                segment = self._segments[0]
+                if not segment.chunks and len(self._segments) == 1 and not self._closed:
+                    return
+                self._segments.pop(0)
+                try:
+                    stop = await self._sink(ChunkBatch(segment.seq, segment.chunks, segment.reset))
+                except Exception:
+                    self._segments.insert(0, segment)
+                    logger.warning("Writing a run's stream failed; it is retried with the next batch.")
+                    return
+                if stop and self._on_stop is not None:
+                    self._on_stop()
+
+    async def close(self) -> None:
+        """Flush and stop writing; later chunks are dropped."""
+        self._closed = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()
+
+
+class LiveTurns(Protocol):
+    """A store's live turns: stream logs, followers and stop requests, across processes."""
+
+    def log(self, identity: StoreIdentity, run_id: str, *, on_stop: Callable[[], None]) -> ChunkLog: ...
+
+    def stop_signal(self, run_id: str) -> contextlib.AbstractContextManager[asyncio.Event]: ...
+
+    async def request_stop(self, identity: StoreIdentity, conversation_id: str) -> str | None: ...
+
+    async def live_run(self, identity: StoreIdentity, conversation_id: str) -> LiveRun | None: ...
+
+    def follow(
+        self, identity: StoreIdentity, run_id: str, *, reset_step: bool = False
+    ) -> AsyncIterator[Chunk]: ...

@@ -1,0 +1,218 @@
+"""Live turns on Postgres: stream logs in `bastion.run_chunks`, stop requests on `bastion.runs`, and one
+listening connection per process that wakes followers and running turns (channel `bastion_turns`).
+
+Everything a user reads runs as that user under row-level security; writes go through the
+migration's SECURITY DEFINER functions. A missed notification costs at most `poll_seconds`: readers
+re-read that often anyway, and a streaming turn learns of a stop from its own log writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Final
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from bastion.stores.entities import StoreIdentity, parse_uuid
+from bastion.stores.errors import NotFoundError
+from bastion.stores.live import ChunkBatch, ChunkLog, LiveRun, StreamAssembly
+
+if TYPE_CHECKING:
+    from bastion.stores.postgres import PostgresStore
+
+__all__ = ["PostgresLiveTurns"]
+
+logger = logging.getLogger("bastion.stores.live")
+
+CHANNEL: Final = "bastion_turns"
+
+_LIVE_RUN: Final = (
+    "select c.id, r.id::text, r.stop_requested_at is not null from bastion.conversations c "
+    "left join bastion.runs r on r.id = c.active_run_id and r.status = 'running' "
+    "and r.lease_expires_at > now() where c.id = %s"
+)
+_READ: Final = (
+    "select (select r.status = 'running' and r.lease_expires_at > now() from bastion.runs r "
+    "where r.id = %(run)s), coalesce((select jsonb_agg(jsonb_build_array(k.id, k.seq, k.reset, k.chunks) "
+    "order by k.id) from bastion.run_chunks k where k.run_id = %(run)s and k.id > %(after)s), '[]')"
+)
+
+
+class PostgresLiveTurns:
+    """`LiveTurns` over a `PostgresStore`; get it with `store.live_turns()`."""
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        *,
+        listen_conninfo: str,
+        flush_interval: float = 0.05,
+        poll_seconds: float = 1.0,
+    ) -> None:
+        self._store = store
+        self._conninfo = listen_conninfo
+        self._flush_interval = flush_interval
+        self._poll = poll_seconds
+        self._stops: dict[str, set[asyncio.Event]] = {}
+        self._followers: dict[str, set[asyncio.Event]] = {}
+        self._listener: asyncio.Task[None] | None = None
+
+    # Writing
+
+    def log(self, identity: StoreIdentity, run_id: str, *, on_stop: Callable[[], None]) -> ChunkLog:
+        """The run's stream log; a write that finds the run asked to stop calls `on_stop`."""
+
+        async def write(batch: ChunkBatch) -> bool:
+            async with self._store.transaction(identity) as conn:
+                cursor = await conn.execute(
+                    "select bastion.append_chunks(%s, %s, %s, %s)",
+                    (run_id, batch.seq, batch.reset, Jsonb(list(batch.chunks))),
+                )
+            row = await cursor.fetchone()
+            return bool(row and row[0])
+
+        return ChunkLog(write, interval=self._flush_interval, on_stop=on_stop)
+
+    # Stopping
+
+    @contextlib.contextmanager
+    def stop_signal(self, run_id: str) -> Iterator[asyncio.Event]:
+        """An event set when someone, in any process, asks the run to stop."""
+        self._ensure_listening()
+        event = asyncio.Event()
+        self._stops.setdefault(run_id, set()).add(event)
+        try:
+            yield event
+        finally:
+            _discard(self._stops, run_id, event)
+
+    async def request_stop(self, identity: StoreIdentity, conversation_id: str) -> str | None:
+        """Ask the conversation's running turn to stop; its run id, or None when none runs (404 when
+        the conversation is not the caller's)."""
+        conversation = parse_uuid(conversation_id)
+        try:
+            async with self._store.transaction(identity) as conn:
+                cursor = await conn.execute("select bastion.stop_turn(%s)::text", (conversation,))
+        except psycopg.Error as error:
+            if error.sqlstate == "BS404":
+                raise NotFoundError() from None
+            raise
+        row = await cursor.fetchone()
+        run_id = row[0] if row else None
+        if run_id is not None:
+            # The turn may run in this very process: no need to wait for the notification.
+            for event in self._stops.get(run_id, ()):
+                event.set()
+        return run_id
+
+    # Reading
+
+    async def live_run(self, identity: StoreIdentity, conversation_id: str) -> LiveRun | None:
+        """The conversation's run in flight, None when none is; 404 when it is not the caller's."""
+        conversation = parse_uuid(conversation_id)
+        async with self._store.transaction(identity) as conn:
+            cursor = await conn.execute(_LIVE_RUN, (conversation,))
+        row = await cursor.fetchone()
+        if row is None:
+            raise NotFoundError()
+        return None if row[1] is None else LiveRun(run_id=row[1], stop_requested=bool(row[2]))
+
+    async def follow(
+        self, identity: StoreIdentity, run_id: str, *, reset_step: bool = False
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The run's stream from its start, then live until it ends.
+
+        When a new attempt supersedes chunks already yielded, yields `reset-step` (AI SDK 7) if
+        `reset_step`, else raises `StreamSuperseded` so the response closes and the client replays.
+        Ends after the `finish` chunk, or when the run is no longer in flight and its log is read
+        to the end (adding a `finish` the log lacks).
+        """
+        self._ensure_listening()
+        wake = asyncio.Event()
+        self._followers.setdefault(run_id, set()).add(wake)
+        assembly = StreamAssembly()
+        after = 0
+        try:
+            while True:
+                wake.clear()
+                live, rows = await self._read(identity, run_id, after)
+                for row_id, seq, reset, chunks in rows:
+                    after = row_id
+                    if assembly.apply(ChunkBatch(seq, chunks, reset)):
+                        if not reset_step:
+                            raise StreamSuperseded()
+                        yield {"type": "reset-step"}
+                    for chunk in assembly.take():
+                        yield chunk
+                if assembly.finished:
+                    return
+                if not live and not rows:
+                    if assembly.chunks and assembly.chunks[0].get("type") == "start":
+                        yield {"type": "finish"}
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), self._poll)
+        finally:
+            _discard(self._followers, run_id, wake)
+
+    async def _read(
+        self, identity: StoreIdentity, run_id: str, after: int
+    ) -> tuple[bool, list[tuple[int, int, bool, list[dict[str, Any]]]]]:
+        async with self._store.transaction(identity) as conn:
+            cursor = await conn.execute(_READ, {"run": run_id, "after": after})
+        row = await cursor.fetchone()
+        assert row is not None
+        return bool(row[0]), [(int(i), int(s), bool(r), c) for i, s, r, c in row[1]]
+
+    # The listener
+
+    def _ensure_listening(self) -> None:
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.ensure_future(self._listen())
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True) as conn:
+                    await conn.execute(f"listen {CHANNEL}")
+                    self._wake_everyone()
+                    async for note in conn.notifies():
+                        kind, _, run_id = note.payload.partition(":")
+                        events = self._stops if kind == "stop" else self._followers
+                        for event in events.get(run_id, ()):
+                            event.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("Listening for live turns failed; reconnecting.", exc_info=True)
+                self._wake_everyone()
+                await asyncio.sleep(self._poll)
+
+    def _wake_everyone(self) -> None:
+        """After a (re)connect, notifications may have been missed: followers re-read."""
+        for events in self._followers.values():
+            for event in events:
+                event.set()
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+            self._listener = None
+
+
+class StreamSuperseded(Exception):
+    """A follower already sent chunks a new attempt replaced, and cannot retract them (AI SDK 6)."""
+
+
+def _discard(registry: dict[str, set[asyncio.Event]], key: str, event: asyncio.Event) -> None:
+    events = registry.get(key)
+    if events is not None:
+        events.discard(event)
+        if not events:
+            del registry[key]

@@ -1,0 +1,283 @@
+"""Live turns on Postgres: a running turn is stopped from another worker, and its stream is resumed
+(AI SDK resume protocol) from its start and followed live, across two stores on one database."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import pytest
+import uvicorn
+from pydantic_ai.messages import ModelMessage
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+
+from bastion import AgentTools, define_agent, tool
+from bastion.auth import SupabaseEnv
+from bastion.stores import PostgresStore, StoreIdentity
+from bastion.stores.chat import ChatTurn, chat_routes
+from bastion.stores.live import ChunkBatch, StreamAssembly
+from bastion.worker import create_agent_worker
+from tests.conftest import MigratedDatabase
+from tests.supabase_tokens import SigningKeys, es256, user_claims
+
+PROJECT_URL = "https://project-ref.supabase.co"
+TENANT = "tenant-a"
+
+
+class GatedModel(FunctionModel):
+    """Streams `before`, waits for `gate`, then streams `after` (or calls a tool first, when asked)."""
+
+    def __init__(self, before: Sequence[str], after: Sequence[str], *, tool_call: str | None = None) -> None:
+        self.before = list(before)
+        self.after = list(after)
+        self.tool_call = tool_call
+        self.gate = asyncio.Event()
+        self.waiting = asyncio.Event()
+        self.calls = 0
+        super().__init__(stream_function=self._stream)
+
+    async def _stream(
+        self, messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[str | DeltaToolCalls]:
+        self.calls += 1
+        if self.tool_call is not None and self.calls == 1:
+            yield {
+                0: DeltaToolCall(name=self.tool_call, json_args="{}", tool_call_id=f"call-{uuid.uuid4().hex}")
+            }
+            return
+        for delta in self.before:
+            yield delta
+        self.waiting.set()
+        await self.gate.wait()
+        for delta in self.after:
+            yield delta
+
+
+@dataclass
+class Worker:
+    url: str
+    store: PostgresStore
+
+
+class Project:
+    def __init__(self) -> None:
+        self.keys = SigningKeys()
+        self.env = SupabaseEnv(url=PROJECT_URL, jwks=self.keys.jwks())
+
+    def headers(self, sub: str) -> dict[str, str]:
+        token = es256(self.keys, user_claims(self.env.issuer, time.time(), sub=sub))
+        return {"Authorization": f"Bearer {token}"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+tool_cancelled: list[str] = []
+
+
+def slow_tools(turn: ChatTurn) -> AgentTools:
+    @tool
+    async def wait_forever() -> str:
+        """Waits until cancelled."""
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            tool_cancelled.append(turn.conversation_id)
+            raise
+        return "never"
+
+    return AgentTools(tools=[wait_forever])
+
+
+@contextlib.asynccontextmanager
+async def worker(database: MigratedDatabase, project: Project, model: FunctionModel) -> AsyncIterator[Worker]:
+    """One worker process's worth: its own store (pool and listener) and its own HTTP server."""
+    store = await PostgresStore.open(database.app_dsn, max_size=4)
+    agent = define_agent(name="slow", instructions="Answer.", tools=slow_tools)
+    routes = chat_routes(
+        agent=agent, store=store, model=model, context=lambda turn: turn, stop_wait_seconds=5
+    )
+    app = create_agent_worker(env=project.env, routes=routes)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield Worker(url=f"http://127.0.0.1:{port}", store=store)
+    finally:
+        if isinstance(model, GatedModel):
+            model.gate.set()  # a failed test must not leave a turn waiting forever
+        server.should_exit = True
+        await task
+        await store.close()
+
+
+def user_message(text: str) -> dict[str, Any]:
+    return {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+def sse_chunks(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+async def start_turn(
+    http: httpx2.AsyncClient, url: str, headers: dict[str, str], conversation: str, text: str
+) -> asyncio.Task[httpx2.Response]:
+    body = {"id": conversation, "messages": [user_message(text)], "trigger": "submit-message"}
+    return asyncio.ensure_future(http.post(f"{url}/api/chat", json=body, headers=headers))
+
+
+async def test_a_resumed_stream_replays_the_turn_from_its_start_then_follows_it_live(
+    migrated_database: MigratedDatabase,
+) -> None:
+    project = Project()
+    model = GatedModel(["Hel", "lo"], [", ", "world."])
+    ada, grace = str(uuid.uuid4()), str(uuid.uuid4())
+    conversation = str(uuid.uuid4())
+    async with (
+        worker(migrated_database, project, model) as first,
+        worker(migrated_database, project, model) as second,
+        httpx2.AsyncClient(timeout=30) as http,
+    ):
+        nothing = await http.get(f"{second.url}/api/chat/{conversation}/stream", headers=project.headers(ada))
+        assert nothing.status_code == 404
+        for method, action in (("GET", "stream"), ("POST", "stop")):
+            # A malformed id is not found, like a foreign one: ids cannot be probed by their shape.
+            malformed = await http.request(
+                method, f"{second.url}/api/chat/not-a-uuid/{action}", headers=project.headers(ada)
+            )
+            assert (malformed.status_code, malformed.json()["code"]) == (404, "not_found")
+        posted = await start_turn(http, first.url, project.headers(ada), conversation, "hi")
+        await model.waiting.wait()
+        foreign = await http.get(
+            f"{second.url}/api/chat/{conversation}/stream", headers=project.headers(grace)
+        )
+        assert foreign.status_code == 404
+        async with http.stream(
+            "GET", f"{second.url}/api/chat/{conversation}/stream", headers=project.headers(ada)
+        ) as resumed:
+            assert resumed.status_code == 200
+            assert resumed.headers["x-vercel-ai-ui-message-stream"] == "v1"
+            lines = resumed.aiter_lines()
+            replayed: list[dict[str, Any]] = []
+            while "".join(c.get("delta", "") for c in replayed) != "Hello":
+                line = await anext(lines)
+                if line.startswith("data: {"):
+                    replayed.append(json.loads(line[6:]))
+            model.gate.set()
+            rest = [line async for line in lines]
+        followed = replayed + sse_chunks("\n".join(rest))
+        response = await posted
+        assert rest[-2:] == ["data: [DONE]", ""] or rest[-1] == "data: [DONE]"
+        assert followed == sse_chunks(response.text)
+        assert followed[0]["type"] == "start"
+        assert "".join(c["delta"] for c in followed if c["type"] == "text-delta") == "Hello, world."
+        after = await http.get(f"{second.url}/api/chat/{conversation}/stream", headers=project.headers(ada))
+        assert after.status_code == 204
+
+
+async def test_a_turn_is_stopped_from_another_worker_and_keeps_what_it_streamed(
+    migrated_database: MigratedDatabase,
+) -> None:
+    project = Project()
+    model = GatedModel(["Partial ", "answer"], [" that never comes."])
+    ada, grace = str(uuid.uuid4()), str(uuid.uuid4())
+    conversation = str(uuid.uuid4())
+    identity = StoreIdentity(user_id=ada, tenant_id=TENANT)
+    async with (
+        worker(migrated_database, project, model) as first,
+        worker(migrated_database, project, model) as second,
+        httpx2.AsyncClient(timeout=30) as http,
+    ):
+        idle = await http.post(f"{second.url}/api/chat/{conversation}/stop", headers=project.headers(ada))
+        assert idle.status_code == 404
+        posted = await start_turn(http, first.url, project.headers(ada), conversation, "hi")
+        await model.waiting.wait()
+        # Wait until the partial text reached the log, so "what was streamed" is well defined.
+        await wait_for_chunks(first.store, identity, conversation, "Partial answer")
+        foreign = await http.post(
+            f"{second.url}/api/chat/{conversation}/stop", headers=project.headers(grace)
+        )
+        assert foreign.status_code == 404
+        stopped = await http.post(f"{second.url}/api/chat/{conversation}/stop", headers=project.headers(ada))
+        assert stopped.status_code == 200, stopped.text
+        assert stopped.json()["settled"] is True
+        response = await posted
+        chunks = sse_chunks(response.text)
+        assert [c["type"] for c in chunks][-2:] == ["abort", "finish"]
+        stored = await first.store.list_messages(identity, conversation)
+        assert [m.role for m in stored] == ["user", "assistant"]
+        text = [p["text"] for p in stored[-1].message["parts"] if p["type"] == "text"]
+        assert text == ["Partial answer"]
+        events = [e.type for e in await first.store.list_events(identity, conversation)]
+        assert events[-1] == "run.cancelled"
+        again = await http.post(f"{second.url}/api/chat/{conversation}/stop", headers=project.headers(ada))
+        assert again.status_code == 204
+        model.gate.set()
+        next_turn = await start_turn(http, second.url, project.headers(ada), conversation, "again")
+        assert (await next_turn).status_code == 200
+
+
+async def wait_for_chunks(
+    store: PostgresStore, identity: StoreIdentity, conversation: str, text: str, *, kind: str = "text-delta"
+) -> None:
+    live = store.live_turns()
+    for _ in range(150):
+        current = await live.live_run(identity, conversation)
+        if current is not None:
+            async with store.transaction(identity) as conn:
+                cursor = await conn.execute(
+                    "select coalesce(jsonb_agg(c), '[]') from bastion.run_chunks k, "
+                    "jsonb_array_elements(k.chunks) c where k.run_id = %s",
+                    (current.run_id,),
+                )
+            row = await cursor.fetchone()
+            chunks = row[0] if row else []
+            if "".join(c.get("delta", "") for c in chunks if c["type"] == "text-delta") == text and any(
+                c["type"] == kind for c in chunks
+            ):
+                return
+        await asyncio.sleep(0.02)
+    raise AssertionError("The turn's stream never reached the log.")
+
+
+def test_a_reset_supersedes_an_earlier_attempt_and_repeated_chunks_are_skipped() -> None:
+    start, step = {"type": "start"}, {"type": "start-step"}
+    a1, a2, b1 = ({"type": "text-delta", "id": "0-0", "delta": d} for d in ("dead ", "attempt", "new"))
+    replay = StreamAssembly()
+    for batch in (
+        ChunkBatch(0, [start, step, a1]),
+        ChunkBatch(3, [a2]),
+        ChunkBatch(0, [start, step]),  # a taken-over turn rewrites its deterministic prefix
+        ChunkBatch(2, [b1], reset=True),
+    ):
+        assert replay.apply(batch) is False
+    assert replay.take() == [start, step, b1]
+
+    live = StreamAssembly()
+    live.apply(ChunkBatch(0, [start, step, a1]))
+    assert live.take() == [start, step, a1]
+    assert live.apply(ChunkBatch(2, [b1], reset=True)) is True
+    assert live.take() == [b1]
+
+
+@pytest.mark.parametrize("position", [0, 2])
+def test_a_gap_shows_nothing_past_it(position: int) -> None:
+    assembly = StreamAssembly()
+    assembly.apply(ChunkBatch(0, [{"type": "start"}][:position] or [{"type": "start"}]))
+    assert assembly.apply(ChunkBatch(5, [{"type": "finish"}])) is False
+    assert not assembly.finished
