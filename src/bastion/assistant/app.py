@@ -378,40 +378,22 @@ def build_routes(app: AssistantApp) -> list[Route]:
         Route(method="GET", path="/api/info", auth="none", handler=app.info),
         Route(method="GET", path="/openapi.json", auth="none", handler=app.openapi),
         Route(method="GET", path="/auth/v1/.well-known/jwks.json", auth="none", handler=app.jwks),
-        Route(
-            method="POST",
-            path="/auth/dev/token",
-            auth="none",
-            handler=app.development_token,
-            authorize=app.development_sign_in_reachable,
-        ),
-        Route(
-            method="POST",
-            path="/auth/v1/token",
-            auth="none",
-            handler=app.auth_token,
-            authorize=app.development_sign_in_reachable,
-        ),
-        Route(
-            method="GET",
-            path="/auth/v1/user",
-            auth="none",
-            handler=app.auth_user,
-            authorize=app.development_sign_in_reachable,
-        ),
-        Route(
-            method="POST",
-            path="/auth/v1/logout",
-            auth="none",
-            handler=app.auth_logout,
-            authorize=app.development_sign_in_reachable,
-        ),
-        Route(
-            method="GET",
-            path="/auth/v1/settings",
-            auth="none",
-            handler=app.auth_settings,
-            authorize=app.development_sign_in_reachable,
+        # Development sign-in, including the part of the Supabase Auth API that supabase-js uses.
+        *(
+            Route(
+                method=method,
+                path=path,
+                auth="none",
+                handler=handler,
+                authorize=app.development_sign_in_reachable,
+            )
+            for method, path, handler in (
+                ("POST", "/auth/dev/token", app.development_token),
+                ("POST", "/auth/v1/token", app.auth_token),
+                ("GET", "/auth/v1/user", app.auth_user),
+                ("POST", "/auth/v1/logout", app.auth_logout),
+                ("GET", "/auth/v1/settings", app.auth_settings),
+            )
         ),
         Route(method="GET", path="/", auth="none", handler=app.page),
         Route(method="GET", path="/static/{name}", auth="none", handler=app.static),
