@@ -250,8 +250,9 @@ async function development() {
   };
   if (await page.isVisible('#jump-to-latest')) await page.click('#jump-to-latest');
 
-  // A tool that needs approval: approved. Without the stop route the server finished the stopped
-  // reply on its own, so the first send meets its newer copy: the page shows it and keeps the text.
+  // A tool that needs approval: approved. Had the stop not ended the turn on the server, the server
+  // would finish the stopped reply on its own and the first send would meet its newer copy (recorded
+  // as `recovered`, which the test refuses).
   await send(page, 'remember that the launch is on Friday');
   await page.waitForFunction(
     () =>
@@ -336,7 +337,7 @@ async function development() {
   );
   await page.reload();
   await page.waitForSelector('.tool-card[data-state="output-available"]');
-  // With the resume route, the page asked it for a reply in flight; without it, a 404 means none.
+  // The resume route answers the page's reconnect (204 when nothing is in flight).
   const resumeStatus = await page.evaluate(
     async ([id, token]) => (await fetch(`/api/chat/${id}/stream`, { headers: { authorization: `Bearer ${token}` } })).status,
     [firstId, await bearer(page)],
@@ -349,45 +350,13 @@ async function development() {
     resumeStatus,
   };
 
-  // Reload in the middle of a reply: with the resume route, the reply carries on after the reload.
-  // Without it, a stand-in for the route shows that the page asks it on opening a conversation and
-  // shows what it streams.
-  if (resumeStatus === 404) {
-    const chunks = [
-      { type: 'start', messageId: 'resumed-reply' },
-      { type: 'start-step' },
-      { type: 'text-start', id: 't1' },
-      { type: 'text-delta', id: 't1', delta: 'A reply that was **still running**.' },
-      { type: 'text-end', id: 't1' },
-      { type: 'finish-step' },
-      { type: 'finish' },
-    ];
-    const asked = [];
-    await page.route('**/api/chat/*/stream', route => {
-      asked.push(route.request().headers().authorization?.startsWith('Bearer ') ?? false);
-      return route.fulfill({
-        status: 200,
-        headers: { 'content-type': 'text/event-stream', 'x-vercel-ai-ui-message-stream': 'v1' },
-        body: [...chunks.map(chunk => `data: ${JSON.stringify(chunk)}\n\n`), 'data: [DONE]\n\n'].join(''),
-      });
-    });
-    await page.reload();
-    await page.waitForSelector('article[data-id="resumed-reply"] strong');
-    steps.resumeStandIn = {
-      asked,
-      text: await page.textContent('article[data-id="resumed-reply"]'),
-    };
-    await page.unroute('**/api/chat/*/stream');
-    await page.reload();
-    await page.waitForSelector('.tool-card[data-state="output-available"]');
-  } else {
-    await send(page, 'slow please');
-    await page.waitForFunction(() => /word3\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''));
-    await page.reload();
-    await page.waitForFunction(() => /word59\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''), null, { timeout: 20000 });
-    steps.resumed = { text: await lastAssistantText(page) };
-    await idle(page);
-  }
+  // Reload in the middle of a reply: the resume route carries the reply on after the reload.
+  await send(page, 'slow please');
+  await page.waitForFunction(() => /word3\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''));
+  await page.reload();
+  await page.waitForFunction(() => /word59\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''), null, { timeout: 20000 });
+  steps.resumed = { text: await lastAssistantText(page) };
+  await idle(page);
 
   // A second conversation, deleted again.
   await page.click('#new');
