@@ -1259,3 +1259,31 @@ async def test_a_provider_executed_tool_is_streamed_but_never_run_here() -> None
     assert shown[0]["input"] == {"query": "bastion"}
     assert shown[1]["output"] == {"results": ["a"]}
     assert result.finish_reason == "stop"
+
+
+async def test_a_cancelled_turn_cancels_the_model_read_it_was_waiting_for() -> None:
+    from bastion._loop import _until_cancelled
+
+    waiting = asyncio.Event()
+    read_cancelled = asyncio.Event()
+
+    async def model_events() -> AsyncIterator[Any]:
+        waiting.set()
+        try:
+            await asyncio.Event().wait()  # a model that sends nothing more
+        except asyncio.CancelledError:
+            read_cancelled.set()
+            raise
+        yield None
+
+    async def read() -> None:
+        async for _ in _until_cancelled(model_events(), asyncio.Event()):
+            pass
+
+    reader = asyncio.ensure_future(read())
+    await waiting.wait()
+    reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert read_cancelled.is_set()

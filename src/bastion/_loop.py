@@ -587,6 +587,7 @@ async def _until_cancelled(
         return
     iterator = aiter(events)
     waiter = asyncio.ensure_future(cancel.wait())
+    step: asyncio.Future[ModelResponseStreamEvent] | None = None
     try:
         while not cancel.is_set():
             step = asyncio.ensure_future(anext(iterator))
@@ -602,6 +603,8 @@ async def _until_cancelled(
         yield None
     finally:
         waiter.cancel()
+        if step is not None and not step.done():
+            step.cancel()  # the reader itself was cancelled while it waited for the model
 
 
 def _this_task_is_cancelled() -> bool:
