@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bastion.durable import DurableEngine, migrate_durable
 from bastion.stores import PostgresStore, SqliteStore, apply_migrations
 from tests.memory_db import memory_database, memory_store  # noqa: F401  (memory's fixtures)
 from tests.pg import PostgresCluster
@@ -39,6 +40,7 @@ def migrated_database(pg_cluster: PostgresCluster) -> MigratedDatabase:
     name = pg_cluster.database()
     asyncio.run(apply_migrations(pg_cluster.dsn(name)))
     pg_cluster.create_login_roles()
+    asyncio.run(migrate_durable(pg_cluster.dsn(name), app_role="bastion_app"))
     return MigratedDatabase(pg_cluster, name)
 
 
@@ -68,3 +70,11 @@ async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
     async with await SqliteStore.open(tmp_path / "bastion.sqlite3") as store:
         await store.migrate()
         yield store
+
+
+@pytest.fixture
+async def durable_engine(migrated_database: MigratedDatabase) -> AsyncIterator[DurableEngine]:
+    """This test process's DBOS on the migrated database, as the application's role (one at a time)."""
+    engine = await DurableEngine.launch(migrated_database.app_dsn, recovery_interval=0.2)
+    async with engine:
+        yield engine

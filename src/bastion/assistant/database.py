@@ -17,6 +17,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bastion._extras import missing_extra
+from bastion.durable import migrate_durable
 from bastion.memory import apply_memory_migrations
 from bastion.stores import (
     ApplicationRoleError,
@@ -111,6 +112,8 @@ async def migrate(database: Database, *, grant_app_role: bool = True) -> list[st
             database.admin_conninfo, component="assistant", migrations=notes
         )
     ]
+    # DBOS's tables (durable turns) in their own schema, reachable only by the roles granted below.
+    await migrate_durable(database.admin_conninfo)
     if grant_app_role:
         await grant_app_role_of(database)
     return applied
@@ -139,4 +142,5 @@ async def grant_app_role_of(database: Database) -> str | None:
         raise DatabaseError(
             f"BASTION_APP_DATABASE_URL cannot be used: {error} Or leave BASTION_APP_DATABASE_URL unset."
         ) from None
+    await migrate_durable(database.admin_conninfo, app_role=str(app_user))
     return str(app_user)

@@ -1,0 +1,256 @@
+"""One DBOS per process, on the application's Postgres, with dead workers' work handed to live ones.
+
+DBOS keeps workflows, steps and queues as rows in schema `dbos` of the application's database, and on
+launch recovers only the work of its own executor id. bastion runs many stateless processes, so each
+process gets an executor id of its own and holds a session advisory lock named after it for as long
+as it lives. A janitor in every process looks for executors that left PENDING workflows behind and
+whose lock it can take — their process is gone, because a session lock dies with its connection — and
+hands their workflows back to the queues through `DBOS._recover_pending_workflows`, where exactly one
+live process picks each up. That call is internal to DBOS; `tests/test_dbos_contract.py` pins it.
+
+The application version is fixed (`DURABLE_APPLICATION_VERSION`), not DBOS's hash of the workflow
+sources: a deploy must not orphan the turns in flight. It changes only when stored workflow history
+can no longer be replayed by the new code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar, Final
+
+from bastion._extras import missing_extra
+
+try:
+    import psycopg
+    import sqlalchemy as sa
+    from dbos import DBOS, DBOSConfig
+    from dbos._dbos import _get_dbos_instance
+    from psycopg.conninfo import conninfo_to_dict
+except ImportError as error:
+    raise missing_extra("bastion.durable", "durable", error) from error
+
+__all__ = [
+    "DURABLE_APPLICATION_VERSION",
+    "DURABLE_SCHEMA",
+    "DurableEngine",
+    "DurableEngineError",
+    "migrate_durable",
+    "system_database_url",
+]
+
+logger = logging.getLogger("bastion.durable")
+
+DURABLE_APPLICATION_VERSION: Final = "bastion-1"
+DURABLE_SCHEMA: Final = "dbos"
+DEFAULT_APPLICATION_NAME: Final = "bastion"
+DEFAULT_RECOVERY_INTERVAL: Final = 1.0
+DEFAULT_QUEUE_POLLING_INTERVAL: Final = 0.1
+_LOCK_PREFIX: Final = "bastion.executor:"
+_EXECUTOR_ID_ENV: Final = "BASTION_EXECUTOR_ID"
+# DBOS's own calls (launch, destroy, recovery) block; they run here, not on the loop's default executor,
+# which DBOS replaces with its own while launched and shuts down with itself.
+_BLOCKING: Final = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bastion-durable")
+
+
+class DurableEngineError(RuntimeError):
+    """The durable engine cannot run as configured; the message says what to change."""
+
+    code: ClassVar[str] = "durable_engine_unavailable"
+
+
+def system_database_url(conninfo: str) -> str:
+    """DBOS's SQLAlchemy URL for a psycopg connection string (a URL or `key=value` pairs)."""
+    if conninfo.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + conninfo.split("://", 1)[1]
+    params = {key: str(value) for key, value in conninfo_to_dict(conninfo).items()}
+    url = sa.URL.create(
+        "postgresql+psycopg",
+        username=params.pop("user", None),
+        password=params.pop("password", None),
+        database=params.pop("dbname", None),
+        query=params,
+    )
+    return url.render_as_string(hide_password=False)
+
+
+async def migrate_durable(admin_conninfo: str, *, app_role: str | None = None) -> None:
+    """Create or upgrade DBOS's tables in schema `dbos` as the database owner, and let `app_role` use them.
+
+    Only the application's role gets the schema: its workflow inputs hold every tenant's messages, so
+    `authenticated` and `anon` are never granted anything there.
+    """
+    url = system_database_url(admin_conninfo)
+    await _blocking(lambda: DBOS.migrate(url, schema=DURABLE_SCHEMA, application_role=app_role))
+
+
+class DurableEngine:
+    """This process's DBOS: launched once, holding its executor's liveness lock, recovering the dead.
+
+    Declare workflows and steps (import the modules that declare them) before `launch`.
+    """
+
+    def __init__(
+        self, *, executor_id: str, liveness: psycopg.AsyncConnection[Any], recovery_interval: float
+    ) -> None:
+        self.executor_id: Final = executor_id
+        self._liveness = liveness
+        self._recovery_interval = recovery_interval
+        self._janitor: asyncio.Task[None] | None = None
+        self._closed = False
+        self.recovered: list[str] = []
+
+    @classmethod
+    async def launch(
+        cls,
+        conninfo: str,
+        *,
+        executor_id: str | None = None,
+        recovery_interval: float = DEFAULT_RECOVERY_INTERVAL,
+        application_name: str = DEFAULT_APPLICATION_NAME,
+        pool_size: int = 10,
+    ) -> DurableEngine:
+        """Launch DBOS for this process on `conninfo` (the application's role; a direct or session-mode
+        connection, since DBOS listens for notifications). The `dbos` schema must exist (`migrate_durable`).
+
+        `executor_id` defaults to `BASTION_EXECUTOR_ID`, else a random id: each live process needs its
+        own. Every `recovery_interval` seconds the janitor looks for dead executors' workflows.
+        """
+        if _launched():
+            raise DurableEngineError("DBOS is already launched in this process; close the engine first.")
+        if recovery_interval <= 0:
+            raise ValueError("recovery_interval must be positive")
+        executor = executor_id or os.environ.get(_EXECUTOR_ID_ENV) or f"bastion-{secrets.token_hex(8)}"
+        # The lock is taken before DBOS starts any work, so no janitor can take this process for dead.
+        liveness = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        try:
+            if not await _try_lock(liveness, executor):
+                raise DurableEngineError(f"The executor id {executor!r} is held by a live process.")
+            await _blocking(_launch_dbos, conninfo, executor, application_name, pool_size)
+        except BaseException:
+            await liveness.close()
+            raise
+        engine = cls(executor_id=executor, liveness=liveness, recovery_interval=recovery_interval)
+        engine._janitor = asyncio.get_running_loop().create_task(engine._recover_forever(application_name))
+        return engine
+
+    async def register_queue(self, name: str, **limits: Any) -> Any:
+        """Register (or update) a DBOS queue; polled every 0.1 s unless `polling_interval_sec` is given."""
+        limits.setdefault("polling_interval_sec", DEFAULT_QUEUE_POLLING_INTERVAL)
+        return await DBOS.register_queue_async(name, **limits)
+
+    async def recover_dead_executors(self, application_name: str = DEFAULT_APPLICATION_NAME) -> list[str]:
+        """One janitor pass: hand the PENDING workflows of every dead executor back to the queues.
+
+        An executor is dead when its liveness lock is free. The lock is held while recovering, so two
+        janitors never recover one executor at once (recovering twice would be harmless anyway: a
+        workflow is dequeued by exactly one process). Returns the executors recovered.
+        """
+        cursor = await self._liveness.execute(
+            f"select distinct executor_id from {DURABLE_SCHEMA}.workflow_status"
+            " where status = 'PENDING' and application_name = %s and application_version = %s"
+            " and executor_id <> %s",
+            (application_name, DURABLE_APPLICATION_VERSION, self.executor_id),
+        )
+        recovered: list[str] = []
+        for (executor,) in await cursor.fetchall():
+            if not await _try_lock(self._liveness, executor):
+                continue
+            try:
+                await _blocking(DBOS._recover_pending_workflows, [executor])
+                recovered.append(executor)
+                logger.info("Recovered the workflows of the dead executor %s.", executor)
+            finally:
+                await self._liveness.execute(
+                    "select pg_advisory_unlock(hashtextextended(%s, 0))", (_LOCK_PREFIX + executor,)
+                )
+        self.recovered += recovered
+        return recovered
+
+    async def _recover_forever(self, application_name: str) -> None:
+        while not self._closed:
+            try:
+                await self.recover_dead_executors(application_name)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("Recovering dead executors failed; trying again.")
+                with contextlib.suppress(Exception):
+                    await self._reconnect()
+            await asyncio.sleep(self._recovery_interval)
+
+    async def _reconnect(self) -> None:
+        """A broken liveness connection lost this process's lock: take it again (nobody else could have
+        recovered this executor's live work for long, as its workflows are fenced by DBOS)."""
+        if not self._liveness.closed:
+            with contextlib.suppress(psycopg.Error):
+                await self._liveness.execute("select 1")
+                return
+        conninfo = self._liveness.info.dsn
+        self._liveness = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        await _try_lock(self._liveness, self.executor_id)
+
+    async def close(self) -> None:
+        """Stop the janitor, shut DBOS down and release the liveness lock (the process's work is then
+        recoverable by any live process)."""
+        if self._closed:
+            return
+        self._closed = True
+        janitor, self._janitor = self._janitor, None
+        if janitor is not None:
+            janitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await janitor
+        await _blocking(DBOS.destroy)
+        # DBOS made its executor the loop's default and has just shut it down: give the loop a live one.
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(thread_name_prefix="asyncio"))
+        with contextlib.suppress(psycopg.Error):
+            await self._liveness.close()
+
+    async def __aenter__(self) -> DurableEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def _blocking(function: Any, *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(_BLOCKING, function, *args)
+
+
+def _launch_dbos(conninfo: str, executor_id: str, application_name: str, pool_size: int) -> None:
+    config: DBOSConfig = {
+        "name": application_name,
+        "system_database_url": system_database_url(conninfo),
+        "dbos_system_schema": DURABLE_SCHEMA,
+        "run_migrations": False,
+        "application_version": DURABLE_APPLICATION_VERSION,
+        "executor_id": executor_id,
+        "sys_db_pool_size": pool_size,
+        "log_level": "WARNING",
+    }
+    DBOS(config=config)
+    try:
+        DBOS.launch()
+    except BaseException:
+        DBOS.destroy()
+        raise
+
+
+def _launched() -> bool:
+    try:
+        return bool(_get_dbos_instance()._launched)
+    except Exception:
+        return False
+
+
+async def _try_lock(conn: psycopg.AsyncConnection[Any], executor_id: str) -> bool:
+    cursor = await conn.execute(
+        "select pg_try_advisory_lock(hashtextextended(%s, 0))", (_LOCK_PREFIX + executor_id,)
+    )
+    row = await cursor.fetchone()
+    return bool(row and row[0])
