@@ -36,6 +36,7 @@ from tests.fake_openai import FakeProvider, fake_openai
 from tests.live_server import live_server
 from tests.mcp_servers import Behavior, serve_mcp
 from tests.pg import PostgresCluster
+from tests.scripted import ScriptedModel
 
 
 @dataclass
@@ -106,6 +107,14 @@ async def chat(
     return await served.client.post(f"{served.url}/api/chat", json=body, headers=headers)
 
 
+def stream_chunks(response: httpx2.Response) -> list[dict[str, Any]]:
+    return [
+        json.loads(line[6:])
+        for line in response.text.splitlines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
+
+
 def stream_types(response: httpx2.Response) -> list[str]:
     return [
         json.loads(line[6:])["type"]
@@ -155,6 +164,29 @@ async def test_a_chat_creates_the_conversation_for_the_caller_and_streams_the_de
     assert created["id"] == conversation
     assert created["title"] == "hello"
     assert created["agent_name"] == "assistant"
+
+
+async def test_the_assistant_streams_the_turns_token_usage_and_stores_it_with_the_message(
+    served: Served,
+) -> None:
+    served.app.active_model = ScriptedModel(["Hello ", "Ada."])
+    headers = await served.sign_in("ada")
+    conversation = str(uuid.uuid4())
+    response = await chat(served, headers, conversation, [user_message("hello there")])
+    assert response.status_code == 200, response.text
+    [finish] = [chunk for chunk in stream_chunks(response) if chunk["type"] == "finish"]
+    usage = finish["messageMetadata"]["usage"]
+    assert usage["inputTokens"] > 0 and usage["outputTokens"] > 0
+    assert usage["totalTokens"] == usage["inputTokens"] + usage["outputTokens"]
+    assert [request["outputTokens"] for request in finish["messageMetadata"]["requestUsage"]] == [
+        usage["outputTokens"]
+    ]
+    stored = await served.client.get(
+        f"{served.url}/api/conversations/{conversation}/messages", headers=headers
+    )
+    assistant = stored.json()["messages"][-1]
+    assert assistant["role"] == "assistant"
+    assert assistant["metadata"]["usage"] == usage
 
 
 async def test_a_foreign_and_a_missing_conversation_are_404_alike(served: Served) -> None:

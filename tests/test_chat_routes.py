@@ -163,3 +163,32 @@ async def test_a_first_message_that_is_not_a_new_user_message_stores_nothing(sql
         response = await http.post("/api/chat", json=body, headers=project.headers())
     assert response.json()["code"] == "not_found", response.text
     assert await sqlite.list_conversations(IDENTITY) == []
+
+
+@pytest.mark.parametrize("usage_metadata", [True, False])
+async def test_usage_metadata_puts_the_turns_usage_in_the_finish_chunk_and_the_stored_message(
+    sqlite: SqliteStore, usage_metadata: bool
+) -> None:
+    project = Project()
+    agent = define_agent(name="helper", instructions="Answer.")
+    routes = chat_routes(
+        agent=agent,
+        store=sqlite,
+        model=ScriptedModel(["Hello."]),
+        context=lambda turn: turn,
+        usage_metadata=usage_metadata,
+    )
+    app = create_agent_worker(env=project.env, routes=routes)
+    conversation = str(uuid.uuid4())
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://t") as http:
+        body = {"id": conversation, "messages": [user("hi")], "trigger": "submit-message"}
+        response = await http.post("/api/chat", json=body, headers=project.headers())
+    assert response.status_code == 200, response.text
+    [finish] = [chunk for chunk in chunks_of(response) if chunk["type"] == "finish"]
+    stored = (await sqlite.list_messages(IDENTITY, conversation))[-1].message
+    if not usage_metadata:
+        assert "messageMetadata" not in finish and "metadata" not in stored
+        return
+    usage = finish["messageMetadata"]["usage"]
+    assert usage["outputTokens"] > 0 and usage["totalTokens"] > usage["outputTokens"]
+    assert stored["metadata"] == finish["messageMetadata"]

@@ -111,6 +111,7 @@ class AssistantApp:
             model=self._active_model,
             context=self._context,
             history_window=self.history_window,
+            usage_metadata=True,
         )
         self.persistence = self.chat.persistence
 

@@ -115,6 +115,7 @@ class ChatEndpoint(Generic[ContextT]):
         create_conversations: bool = True,
         on_error: Callable[[Exception], str] | None = None,
         stop_wait_seconds: float = 10.0,
+        usage_metadata: bool = False,
     ) -> None:
         self.agent = agent
         self.store = store
@@ -125,6 +126,7 @@ class ChatEndpoint(Generic[ContextT]):
         self.create_conversations = create_conversations
         self.on_error = on_error
         self.stop_wait_seconds = stop_wait_seconds
+        self.usage_metadata = usage_metadata
         live_turns = getattr(store, "live_turns", None)
         self.live: LiveTurns | None = live_turns() if callable(live_turns) else None
 
@@ -197,6 +199,7 @@ class ChatEndpoint(Generic[ContextT]):
             on_finish=on_finish,
             on_settled=on_settled,
             on_error=self.on_error,
+            usage_metadata=self.usage_metadata,
             log=log,
         )
 
@@ -300,6 +303,7 @@ def chat_routes(
     create_conversations: bool = True,
     on_error: Callable[[Exception], str] | None = None,
     stop_wait_seconds: float = 10.0,
+    usage_metadata: bool = False,
 ) -> list[Route]:
     """The chat routes of `agent` over `store`, for `create_agent_worker(routes=...)`.
 
@@ -307,7 +311,9 @@ def chat_routes(
     `persistence` defaults to `store.persistence(history_window=...)`. With `create_conversations`
     a conversation's first message creates it for the caller. `on_error(exc)` gives the text a
     client sees for a failed turn. A store with live turns (`PostgresStore`) adds the stop and
-    resume routes; a stop waits up to `stop_wait_seconds` for the turn to settle.
+    resume routes; a stop waits up to `stop_wait_seconds` for the turn to settle. With
+    `usage_metadata` the `finish` chunk's `messageMetadata` (and so the stored message's `metadata`)
+    carries the turn's token usage (see `create_agent_stream_response`).
     """
     return ChatEndpoint(
         agent=agent,
@@ -320,6 +326,7 @@ def chat_routes(
         create_conversations=create_conversations,
         on_error=on_error,
         stop_wait_seconds=stop_wait_seconds,
+        usage_metadata=usage_metadata,
     ).routes()
 
 
