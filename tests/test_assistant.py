@@ -182,7 +182,7 @@ async def test_the_assistant_streams_the_turns_token_usage_and_stores_it_with_th
         usage["outputTokens"]
     ]
     stored = await served.client.get(
-        f"{served.url}/api/conversations/{conversation}/messages", headers=headers
+        f"{served.url}/v1/conversations/{conversation}/messages", headers=headers
     )
     assistant = stored.json()["messages"][-1]
     assert assistant["role"] == "assistant"
@@ -323,14 +323,52 @@ async def test_development_sign_in_refuses_bad_user_names(served: Served) -> Non
 async def test_the_openapi_document_matches_the_routes(served: Served) -> None:
     from bastion.assistant.app import build_routes
 
-    document = (await served.client.get(f"{served.url}/openapi.json")).json()
+    document = (await served.client.get(f"{served.url}/v1/openapi.json")).json()
+    assert (await served.client.get(f"{served.url}/openapi.json")).json() == document
     documented = {(path, method.upper()) for path, methods in document["paths"].items() for method in methods}
 
     routes: list[Route] = build_routes(served.app)
-    assert documented == {(route.path, route.method) for route in routes}
-    chat_operation = document["paths"]["/api/chat"]["post"]
-    assert chat_operation["security"] == [{"bearerAuth": []}]
+    api = {(route.path, route.method) for route in routes if route.path.startswith("/api/")}
+    ai_sdk = {("/api/chat", "POST"), ("/api/chat/{id}/stop", "POST"), ("/api/chat/{id}/stream", "GET")}
+    assert ai_sdk <= api
+    expected = {
+        *((route.path, route.method) for route in routes if not route.path.startswith("/api/")),
+        *(("/v1" + path.removeprefix("/api"), method) for path, method in api),
+        *ai_sdk,
+    }
+    assert documented == expected
+    for path in ("/api/chat", "/v1/chat"):
+        assert document["paths"][path]["post"]["security"] == [{"bearerAuth": []}]
     assert document["paths"]["/health"]["get"]["security"] == []
+    assert "/api/conversations" not in document["paths"]
+    description = document["info"]["description"]
+    assert (
+        "`/v1`" in description
+        and "`/api/chat`" in description
+        and "x-vercel-ai-ui-message-stream" in description
+    )
+
+
+async def test_the_api_answers_under_v1_and_at_the_paths_the_page_uses(served: Served) -> None:
+    headers = await served.sign_in("ada")
+    conversation = str(uuid.uuid4())
+    body = {"id": conversation, "messages": [user_message("hello")], "trigger": "submit-message"}
+    streamed = await served.client.post(f"{served.url}/v1/chat", json=body, headers=headers)
+    assert streamed.status_code == 200
+    assert streamed.headers["x-vercel-ai-ui-message-stream"] == "v1"
+    assert streamed.headers["x-bastion-api-version"] == "1"
+    for prefix in ("/v1", "/api"):
+        listed = await served.client.get(f"{served.url}{prefix}/conversations", headers=headers)
+        assert [item["id"] for item in listed.json()["conversations"]] == [conversation]
+        assert listed.headers["x-bastion-api-version"] == "1"
+        info = await served.client.get(f"{served.url}{prefix}/info")
+        assert info.json()["demo_model"] is True
+    renamed = await served.client.patch(
+        f"{served.url}/v1/conversations/{conversation}", json={"title": "Renamed"}, headers=headers
+    )
+    assert renamed.json()["title"] == "Renamed"
+    old = await served.client.get(f"{served.url}/api/conversations/{conversation}", headers=headers)
+    assert old.json()["title"] == "Renamed"
 
 
 async def test_the_page_and_its_assets_are_served(served: Served) -> None:

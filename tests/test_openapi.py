@@ -39,8 +39,10 @@ CHECKS = [
     response_schema_conformance,
     negative_data_rejection,
 ]
-# Examples per operation and generation mode: bounded so the whole run stays well under a minute.
-EXAMPLES = {"POST /api/chat": 20}
+# Examples per operation and generation mode: bounded so the whole run stays well under a minute. The
+# chat turn is documented twice, under /v1 and where the AI SDK expects it: one handler, fewer each.
+CHAT_PATHS = ("/v1/chat", "/api/chat")
+EXAMPLES = {"POST /v1/chat": 14, "POST /api/chat": 8}
 DEFAULT_EXAMPLES = 6
 
 
@@ -84,9 +86,9 @@ def live(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) 
                     "messages": [user_message("hello")],
                     "trigger": "submit-message",
                 }
-                assert http.post(f"{url}/api/chat", json=body, headers=headers).status_code == 200
-            messages = http.get(f"{url}/api/conversations/{conversation}/messages", headers=ada).json()
-            document = http.get(f"{url}/openapi.json").json()
+                assert http.post(f"{url}/v1/chat", json=body, headers=headers).status_code == 200
+            messages = http.get(f"{url}/v1/conversations/{conversation}/messages", headers=ada).json()
+            document = http.get(f"{url}/v1/openapi.json").json()
         yield LiveAssistant(
             url=url,
             headers=ada,
@@ -108,14 +110,15 @@ def _sign_in(http: requests.Session, url: str, user: str) -> dict[str, str]:
 def test_every_route_is_documented_with_its_bodies_queries_and_errors(live: LiveAssistant) -> None:
     paths = live.document["paths"]
     schemas = live.document["components"]["schemas"]
-    chat = paths["/api/chat"]["post"]
-    assert chat["requestBody"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/ChatRequest"
-    }
-    assert {"200", "400", "401", "404", "409", "413", "503"} <= chat["responses"].keys()
-    assert "text/event-stream" in chat["responses"]["200"]["content"]
+    for path in CHAT_PATHS:
+        chat = paths[path]["post"]
+        assert chat["requestBody"]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/ChatRequest"
+        }
+        assert {"200", "400", "401", "404", "409", "413", "503"} <= chat["responses"].keys()
+        assert "text/event-stream" in chat["responses"]["200"]["content"]
     assert schemas["ChatRequest"]["required"] == ["id", "messages"]
-    events = paths["/api/conversations/{conversation_id}/events"]["get"]
+    events = paths["/v1/conversations/{conversation_id}/events"]["get"]
     query = {
         parameter["name"]: parameter["schema"]
         for parameter in events["parameters"]
@@ -135,6 +138,12 @@ def test_every_route_is_documented_with_its_bodies_queries_and_errors(live: Live
             ), (method, path)
             if operation["security"]:
                 assert "401" in operation["responses"], (method, path)
+            for response in operation["responses"].values():
+                assert response["headers"]["X-Bastion-Api-Version"]["schema"] == {
+                    "type": "string",
+                    "const": "1",
+                }
+            assert not path.startswith("/api/") or path.startswith("/api/chat"), path
 
 
 def test_schemathesis_finds_no_server_error_and_no_response_outside_the_document(live: LiveAssistant) -> None:
@@ -185,7 +194,7 @@ def _cases(operation: Any, mode: Any, ids: list[str], live: LiveAssistant) -> An
     """Generated cases, on real conversation ids where the path takes one, feedback on real messages and
     turns that can run: a new user message in a new conversation or the fixture's."""
     positive = mode == schemathesis.GenerationMode.POSITIVE
-    if operation.path == "/api/chat" and positive:
+    if operation.path in CHAT_PATHS and positive:
         turn = st.fixed_dictionaries(
             {
                 "id": st.sampled_from([live.conversation, str(uuid.uuid4())]),

@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 
 from bastion.auth import AuthenticationErrorCode, KeySetUnavailableError
 from bastion.errors import BastionError
+from bastion.versioning import API_VERSION_HEADER, DEFAULT_VERSIONING, ApiVersioning
 from bastion.worker import Route, status_error_code
 
 __all__ = [
@@ -205,15 +206,42 @@ def _field_name(location: Sequence[int | str]) -> str:
 # The document
 
 
-def openapi_document(routes: Sequence[Route], *, title: str, version: str) -> dict[str, Any]:
-    """An OpenAPI 3.1 document with one operation per route; user routes require a bearer token."""
-    generator = _Document()
+def openapi_document(
+    routes: Sequence[Route],
+    *,
+    title: str,
+    version: str,
+    versioning: ApiVersioning | None = DEFAULT_VERSIONING,
+    description: str | None = None,
+) -> dict[str, Any]:
+    """An OpenAPI 3.1 document with one operation per route at each path the worker documents for it
+    under `versioning` (give both the same); user routes require a bearer token. `version` is the
+    application's; `info.description` says how the API is versioned, after `description`."""
+    generator = _Document(versioning)
     paths: dict[str, dict[str, Any]] = {}
+    kept: list[str] = []
     for route in routes:
-        paths.setdefault(route.path, {})[route.method.lower()] = generator.operation(route)
+        served = (
+            versioning.served_paths(route.path, keep_declared_path=route.keep_declared_path)
+            if versioning is not None
+            else ()
+        )
+        documented = [entry.path for entry in served if entry.documented] or [route.path]
+        for index, path in enumerate(documented):
+            suffix = "" if index == 0 else "_unversioned"
+            paths.setdefault(path, {})[route.method.lower()] = generator.operation(route, path, suffix)
+            if index and path not in kept:
+                kept.append(path)
+    info: dict[str, Any] = {"title": title, "version": version}
+    notes = [description] if description else []
+    if versioning is not None:
+        notes.append(versioning.description(kept))
+        info["x-bastion-api-version"] = versioning.version
+    if notes:
+        info["description"] = "\n\n".join(notes)
     return {
         "openapi": "3.1.0",
-        "info": {"title": title, "version": version},
+        "info": info,
         "paths": paths,
         "components": {
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
@@ -223,17 +251,28 @@ def openapi_document(routes: Sequence[Route], *, title: str, version: str) -> di
 
 
 class _Document:
-    def __init__(self) -> None:
+    def __init__(self, versioning: ApiVersioning | None) -> None:
         self.schemas: dict[str, Any] = {}
+        self._headers: dict[str, Any] = {}
+        self._operation_ids: set[str] = set()
+        if versioning is not None:
+            self._headers[API_VERSION_HEADER] = {
+                "description": "The version of the HTTP API that answered.",
+                "required": True,
+                "schema": {"type": "string", "const": versioning.version},
+            }
 
-    def operation(self, route: Route) -> dict[str, Any]:
+    def operation(self, route: Route, path: str, suffix: str = "") -> dict[str, Any]:
         spec: OperationSpec = getattr(route.handler, "__bastion_operation__", None) or OperationSpec(
             responses={200: PlainBody("OK", ("application/json",))}
         )
-        result: dict[str, Any] = {"operationId": route.handler.__name__, "summary": _summary(route.handler)}
+        result: dict[str, Any] = {
+            "operationId": self._operation_id(route.handler.__name__ + suffix),
+            "summary": _summary(route.handler),
+        }
         parameters = [
             {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-            for name in _PARAMETER.findall(route.path)
+            for name in _PARAMETER.findall(path)
         ]
         if spec.query is not None:
             parameters.extend(self._query_parameters(spec.query))
@@ -254,8 +293,20 @@ class _Document:
             errors.setdefault(413, ())
         for status, codes in sorted(errors.items()):
             responses[str(status)] = self._error(status, codes)
+        if self._headers:
+            for response in responses.values():
+                response["headers"] = {**response.get("headers", {}), **self._headers}
         result["responses"] = responses
         return result
+
+    def _operation_id(self, name: str) -> str:
+        """`name`, numbered when another operation has it (one handler served at two paths)."""
+        unique, number = name, 1
+        while unique in self._operation_ids:
+            number += 1
+            unique = f"{name}_{number}"
+        self._operation_ids.add(unique)
+        return unique
 
     def schema(self, model: type[BaseModel]) -> dict[str, Any]:
         """A `$ref` to the model's schema, its definitions lifted into `components.schemas`."""

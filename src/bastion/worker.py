@@ -2,6 +2,9 @@
 against Supabase before any application code runs, JSON errors, a request body limit, and a client
 disconnect turned into a cancellation signal for the handler.
 
+Routes declared under `/api` are served under the API's version prefix (`/v1`), their declared paths
+kept as aliases (`bastion.versioning`).
+
 A request to a route goes: method check (405), bearer token verification on `auth="user"` routes (401),
 declared body size (413), the route's `authorize` hook, the body (read in full and counted, 413), then
 `handler(request, context)`. Errors from routing and routes pass through the application's middleware.
@@ -36,6 +39,7 @@ from bastion.auth import (
 )
 from bastion.errors import BastionError
 from bastion.request_log import RequestLogMiddleware, access_log_enabled
+from bastion.versioning import DEFAULT_VERSIONING, ApiVersionHeader, ApiVersioning
 
 __all__ = [
     "AuthMode",
@@ -108,13 +112,19 @@ ErrorFormatter: TypeAlias = Callable[[Request, RequestFailure], Awaitable[Respon
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Route:
-    """One endpoint. `auth` has no default: every route says whether it is public."""
+    """One endpoint. `auth` has no default: every route says whether it is public.
+
+    A `path` under `/api` is served under the API's version prefix (`/v1/...`) and, as an alias, at
+    `path`; `keep_declared_path` makes `path` a documented home too, for a client library that finds the
+    route there (the AI SDK posts to `/api/chat`).
+    """
 
     method: str
     path: str
     auth: AuthMode
     handler: Handler
     authorize: AuthorizeHook | None = None
+    keep_declared_path: bool = False
 
     def __post_init__(self) -> None:
         if self.auth not in ("user", "none"):
@@ -139,6 +149,7 @@ def create_agent_worker(
     verifier: TokenVerifier | None = None,
     lifespan: Lifespan[Starlette] | None = None,
     access_log: bool | None = None,
+    versioning: ApiVersioning | None = DEFAULT_VERSIONING,
 ) -> Starlette:
     """An ASGI application serving `routes`.
 
@@ -146,6 +157,9 @@ def create_agent_worker(
     key refresh intervals. `middleware` wraps every response, errors included (CORS belongs here).
     Every request gets an id (`bastion.request_log`); `access_log` writes one `bastion.access` line
     per request, and by default follows the environment variable `BASTION_ACCESS_LOG`.
+    `versioning` says where routes under `/api` are served (default: under `/v1`, their declared paths
+    kept as aliases) and adds `X-Bastion-Api-Version` to every response; None serves every route at its
+    declared path only. Give `openapi_document` the same versioning.
     """
     if verifier is not None and verifier.env is not env:
         raise ValueError("The verifier must be built from the same SupabaseEnv as the worker.")
@@ -155,10 +169,11 @@ def create_agent_worker(
     for route in routes:
         if not isinstance(route, Route):
             raise TypeError("routes must be bastion.worker.Route instances.")
-        methods = by_path.setdefault(route.path, {})
-        if route.method in methods:
-            raise ValueError(f"Route {route.method} {route.path} is declared twice.")
-        methods[route.method] = route
+        for served in _served_paths(route, versioning):
+            methods = by_path.setdefault(served, {})
+            if route.method in methods:
+                raise ValueError(f"Route {route.method} {served} is declared twice.")
+            methods[route.method] = route
     worker = _Worker(env, verifier or TokenVerifier(env), on_error, max_body_bytes)
     return Starlette(
         routes=[StarletteRoute(path, _PathEndpoint(worker, methods)) for path, methods in by_path.items()],
@@ -167,11 +182,22 @@ def create_agent_worker(
                 RequestLogMiddleware,
                 access_log=access_log_enabled() if access_log is None else access_log,
             ),
+            *([Middleware(ApiVersionHeader, version=versioning.version)] if versioning is not None else []),
             *middleware,
         ],
         exception_handlers={HTTPException: worker.exception_response, Exception: worker.exception_response},
         lifespan=lifespan,
     )
+
+
+def _served_paths(route: Route, versioning: ApiVersioning | None) -> list[str]:
+    """Every path the worker serves `route` at under `versioning`, the versioned one first."""
+    if versioning is None:
+        return [route.path]
+    return [
+        served.path
+        for served in versioning.served_paths(route.path, keep_declared_path=route.keep_declared_path)
+    ]
 
 
 class _BodyTooLarge(HTTPException):

@@ -62,6 +62,7 @@ from bastion.memory.offline import NEAR_DUPLICATE_THRESHOLD
 from bastion.stores import NotFoundError, PostgresStore
 from bastion.stores.chat import ChatEndpoint, ChatTurn
 from bastion.stores.routes import conversation_routes
+from bastion.versioning import ApiVersioning
 from bastion.worker import RequestContext, Route, create_agent_worker
 
 __all__ = ["AssistantApp", "build_routes"]
@@ -92,6 +93,7 @@ class AssistantApp:
     remote_tool_names: tuple[str, ...] = ()
     user_credentials: UserCredentials | None = None
     embedder: Embedder | None = None
+    versioning: ApiVersioning = field(default_factory=ApiVersioning)
     agent: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -138,6 +140,7 @@ class AssistantApp:
             verifier=verifier,
             lifespan=lifespan,
             middleware=middleware,
+            versioning=self.versioning,
         )
 
     # Chat
@@ -211,7 +214,12 @@ class AssistantApp:
     async def openapi(self, request: Request, context: RequestContext) -> Response:
         """This document."""
         return JSONResponse(
-            openapi_document(build_routes(self), title="bastion assistant", version=__version__)
+            openapi_document(
+                build_routes(self),
+                title="bastion assistant",
+                version=__version__,
+                versioning=self.versioning,
+            )
         )
 
     @operation(responses={200: PlainBody("A JSON Web Key Set", ("application/json",))}, errors=(404,))
@@ -377,6 +385,7 @@ def build_routes(app: AssistantApp) -> list[Route]:
         Route(method="DELETE", path="/api/connections/mcp", auth="user", handler=app.disconnect),
         Route(method="GET", path="/health", auth="none", handler=app.health),
         Route(method="GET", path="/api/info", auth="none", handler=app.info),
+        Route(method="GET", path="/api/openapi.json", auth="none", handler=app.openapi),
         Route(method="GET", path="/openapi.json", auth="none", handler=app.openapi),
         Route(method="GET", path="/auth/v1/.well-known/jwks.json", auth="none", handler=app.jwks),
         # Development sign-in, including the part of the Supabase Auth API that supabase-js uses.

@@ -20,8 +20,9 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Generic, Protocol, TypeAlias, TypeVar
+from typing import Annotated, Any, Final, Generic, Protocol, TypeAlias, TypeVar
 
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_ai.models import KnownModelName, Model
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -45,6 +46,7 @@ __all__ = [
     "ChatTurn",
     "ContextFactory",
     "LiveTurnStore",
+    "ResumeQuery",
     "StopResult",
     "chat_routes",
 ]
@@ -99,6 +101,17 @@ class StopResult(StrictModel):
     settled: bool
 
 
+class ResumeQuery(BaseModel):
+    """The resume request's query (unknown parameters are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    resetStep: Annotated[
+        str | None,
+        Field(max_length=10, description="`1` (AI SDK 7): retract a step a taken-over turn re-runs."),
+    ] = None
+
+
 class ChatEndpoint(Generic[ContextT]):
     """The chat route of one agent over one store; `routes()` lists what it serves."""
 
@@ -132,14 +145,19 @@ class ChatEndpoint(Generic[ContextT]):
 
     def routes(self) -> list[Route]:
         """`POST {path}`: one turn of a conversation, answered with the UI message stream; with a store
-        that has live turns, `POST {path}/{id}/stop` and `GET {path}/{id}/stream` (AI SDK resume)."""
-        routes = [Route(method="POST", path=self.path, auth="user", handler=self.chat)]
+        that has live turns, `POST {path}/{id}/stop` and `GET {path}/{id}/stream` (AI SDK resume).
+        Each is served at `{path}` (the AI SDK's `/api/chat`) and under the API's version prefix."""
+        handlers: list[tuple[str, str, Any]] = [("POST", self.path, self.chat)]
         if self.live is not None:
-            routes += [
-                Route(method="POST", path=f"{self.path}/{{id}}/stop", auth="user", handler=self.stop),
-                Route(method="GET", path=f"{self.path}/{{id}}/stream", auth="user", handler=self.resume),
+            handlers += [
+                ("POST", f"{self.path}/{{id}}/stop", self.stop),
+                ("GET", f"{self.path}/{{id}}/stream", self.resume),
             ]
-        return routes
+        # Where the AI SDK's transport finds them, as well as under the API's version prefix.
+        return [
+            Route(method=method, path=path, auth="user", handler=handler, keep_declared_path=True)
+            for method, path, handler in handlers
+        ]
 
     @operation(
         body=ChatRequest,
@@ -233,9 +251,10 @@ class ChatEndpoint(Generic[ContextT]):
             200: EventStream("The running turn's UI message stream", UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END),
             204: None,
         },
+        query=ResumeQuery,
         errors=(404,),
     )
-    async def resume(self, request: Request, context: RequestContext) -> Response:
+    async def resume(self, request: Request, context: RequestContext, *, query: ResumeQuery) -> Response:
         """The AI SDK resume protocol: 204 when no turn is in flight, else the current turn's UI message
         stream from its start, then live until it ends. `?resetStep=1` (AI SDK 7) retracts a step a
         taken-over turn re-runs with `reset-step`; otherwise the response closes and the client resumes."""
@@ -245,7 +264,7 @@ class ChatEndpoint(Generic[ContextT]):
         current = await live.live_run(identity, conversation_id)
         if current is None:
             return Response(status_code=204)
-        reset_step = request.query_params.get("resetStep") == "1"
+        reset_step = query.resetStep == "1"
         chunks = live.follow(identity, current.run_id, reset_step=reset_step)
         return StreamingResponse(_events(chunks), headers=dict(UI_MESSAGE_STREAM_HEADERS))
 
