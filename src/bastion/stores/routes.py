@@ -44,6 +44,7 @@ __all__ = [
     "ConversationRules",
     "ConversationStore",
     "InvalidRequestError",
+    "MessagesQuery",
     "RuleRefusedError",
     "conversation_routes",
     "json_body",
@@ -73,6 +74,7 @@ def _digits(value: object) -> object:
 Title = Annotated[str, Field(max_length=MAX_TITLE), AfterValidator(_storable)]
 Comment = Annotated[str, Field(max_length=MAX_COMMENT), AfterValidator(_storable)]
 Uuid = Annotated[str, Field(pattern=UUID_PATTERN)]
+MAX_MESSAGES = 1000
 
 
 Limit = Annotated[int, Field(ge=1, le=100, description="How many, at most."), BeforeValidator(_digits)]
@@ -120,6 +122,17 @@ class EventsQuery(_Query):
     limit: Limit = 100
 
 
+class MessagesQuery(_Query):
+    after: Annotated[
+        int,
+        Field(ge=0, le=MAX_CURSOR, description="The position of the last message already read (`next`)."),
+        BeforeValidator(_digits),
+    ] = 0
+    limit: Annotated[
+        int, Field(ge=1, le=MAX_MESSAGES, description="How many, at most."), BeforeValidator(_digits)
+    ] = MAX_MESSAGES
+
+
 class ConversationOut(StrictModel):
     """A conversation, with the application's registered columns beside these fields and its `state`
     when the rules show it."""
@@ -151,9 +164,11 @@ class ConversationList(StrictModel):
 
 
 class MessageList(StrictModel):
-    """The conversation's UI messages, oldest first."""
+    """The conversation's UI messages after the position asked from, oldest first, and the position to
+    ask from next."""
 
     messages: list[UIMessage]
+    next: Annotated[int, Field(description="The position of the last message listed (or `after`).")] = 0
 
 
 class EventOut(StrictModel):
@@ -372,12 +387,22 @@ class _ConversationHandlers:
         await self._store.delete_conversation(identity, _conversation_id(context))
         return Response(status_code=204)
 
-    @operation(responses={200: MessageList}, errors=(403, 404))
-    async def list_messages(self, request: Request, context: RequestContext) -> Response:
-        """The conversation's UI messages, as the client assembled them."""
+    @operation(query=MessagesQuery, responses={200: MessageList}, errors=(403, 404))
+    async def list_messages(
+        self, request: Request, context: RequestContext, *, query: MessagesQuery
+    ) -> Response:
+        """The conversation's UI messages, as the client assembled them, after a position (`?after=`,
+        the previous page's `next`), oldest first, at most `?limit=`."""
         identity = self._identity(context)
-        stored = await self._store.list_messages(identity, _conversation_id(context))
-        return json_response(MessageList(messages=[_ui_message(message) for message in stored]))
+        stored = await self._store.list_messages(
+            identity, _conversation_id(context), after_seq=query.after, limit=query.limit
+        )
+        return json_response(
+            MessageList(
+                messages=[_ui_message(message) for message in stored],
+                next=stored[-1].seq if stored else query.after,
+            )
+        )
 
     @operation(query=EventsQuery, responses={200: EventList}, errors=(403, 404))
     async def list_events(self, request: Request, context: RequestContext, *, query: EventsQuery) -> Response:
