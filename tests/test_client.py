@@ -4,6 +4,7 @@ model, every method over real HTTP, and the server's errors raised with their co
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,10 +16,15 @@ from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from bastion import assemble_ui_messages
+from bastion.auth import SupabaseEnv
 from bastion.client import BastionApiError, BastionClient, BastionStreamError, UIMessageChunk, user_message
-from bastion.stores.routes import FeedbackOut
+from bastion.stores import SqliteStore
+from bastion.stores.routes import ConversationRules, FeedbackOut, conversation_routes
+from bastion.worker import create_agent_worker
+from tests.entity_app import SCHEMA, SQLITE_PROJECTS
 from tests.pg import PostgresCluster
 from tests.scripted import ScriptedModel
+from tests.supabase_tokens import SigningKeys, es256, user_claims
 from tests.test_assistant import Served, serve_assistant
 from tests.test_examples import load_example
 
@@ -230,3 +236,31 @@ async def test_the_client_example_chats_rates_and_deletes(served: Served) -> Non
     assert await example.main(served.url, token) == "You are Ada. [404 not_found]"
     async with BastionClient(served.url, token=token) as client:
         assert (await client.list_conversations()).conversations == []
+
+
+async def test_the_client_keeps_an_applications_columns_and_state(tmp_path: Path) -> None:
+    keys = SigningKeys()
+    env = SupabaseEnv(url="https://project-ref.supabase.co", jwks=keys.jwks())
+    token = es256(keys, user_claims(env.issuer, time.time(), sub="7f1c1c4e-1b0a-4f39-9d38-6a1c2b7e9a01"))
+    async with await SqliteStore.open(tmp_path / "app.sqlite3", schema=SCHEMA) as store:
+        await store.migrate()
+        await store.migrate_application(component="projects", migrations=[SQLITE_PROJECTS])
+        routes = conversation_routes(store, rules=ConversationRules(state="write"))
+        app = create_agent_worker(env=env, routes=routes)
+        # In this loop (the store is this loop's), over the ASGI transport rather than a socket.
+        async with (
+            httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)) as http,
+            BastionClient("http://app.test", token=token, http=http) as client,
+        ):
+            created = await client.create_conversation(title="Plan")
+            assert created.model_extra == {"project_id": None, "state": None}
+            changed = await client.set_conversation_state(created.id, {"step": 2})
+            assert changed.model_extra is not None and changed.model_extra["state"] == {
+                "step": 2,
+                "notes": [],
+            }
+            with pytest.raises(BastionApiError) as invalid:
+                await client.set_conversation_state(created.id, {"step": "two"})
+            [listed] = (await client.list_conversations()).conversations
+    assert listed.model_extra == changed.model_extra
+    assert (invalid.value.status, invalid.value.code) == (400, "invalid_state")
