@@ -281,3 +281,54 @@ def test_a_gap_shows_nothing_past_it(position: int) -> None:
     assembly.apply(ChunkBatch(0, [{"type": "start"}][:position] or [{"type": "start"}]))
     assert assembly.apply(ChunkBatch(5, [{"type": "finish"}])) is False
     assert not assembly.finished
+
+
+async def test_a_replayed_log_of_a_taken_over_turn_is_read_without_retracting_anything(
+    store: PostgresStore,
+) -> None:
+    """A reader that joins after a take-over reads the dead attempt and the reset that supersedes it in one
+    go: it must send only what stands, so an AI SDK 6 client (no `reset-step`) can read the turn at all."""
+    from bastion import start_agent_run
+    from bastion.stores import TurnContext
+
+    identity = StoreIdentity(user_id=str(uuid.uuid4()), tenant_id=TENANT)
+    conversation = (await store.create_conversation(identity, title="t")).id
+    first = [{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]
+    run = await start_agent_run(
+        persistence=store.persistence(),
+        context=TurnContext(identity=identity, conversation_id=conversation, request_id=str(uuid.uuid4())),
+        messages=first,
+        trigger="submit-message",
+    )
+    live = store.live_turns()
+    log = live.log(identity, run.state.run_id, on_stop=lambda: None)
+    start, step = {"type": "start", "messageId": "a1"}, {"type": "start-step"}
+    text = {"type": "text-start", "id": "0-0"}
+    for chunk in (start, step, text, {"type": "text-delta", "id": "0-0", "delta": "dead"}):
+        log.add(chunk)
+    await log.flush()
+    log.reset()
+    log.add({"type": "text-delta", "id": "0-0", "delta": "kept"})
+    await log.flush()
+    taken_over = live.log(identity, run.state.run_id, on_stop=lambda: None)
+    for chunk in (start, step, text):
+        taken_over.add(chunk)
+    taken_over.reset()
+    for chunk in ({"type": "text-delta", "id": "0-0", "delta": "final"}, {"type": "finish"}):
+        taken_over.add(chunk)
+    await taken_over.close()
+    await log.close()
+    read = [chunk async for chunk in live.follow(identity, run.state.run_id)]
+    assert [chunk.get("delta") for chunk in read if chunk["type"] == "text-delta"] == ["final"]
+    assert read[-1] == {"type": "finish"}
+
+
+async def test_a_superseded_follow_ends_the_events_without_done_and_without_an_error() -> None:
+    from bastion.stores.chat import _events
+    from bastion.stores.live import StreamSuperseded
+
+    async def superseded() -> AsyncIterator[dict[str, Any]]:
+        yield {"type": "start"}
+        raise StreamSuperseded()
+
+    assert [event async for event in _events(superseded())] == [b'data: {"type":"start"}\n\n']

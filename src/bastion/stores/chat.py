@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
 from bastion.stores._turns import check_storable_message
 from bastion.stores.entities import Conversation, StoreIdentity, TurnContext, TurnState
 from bastion.stores.errors import InvalidInputError, NotFoundError
-from bastion.stores.live import ChunkLog, LiveTurns
+from bastion.stores.live import ChunkLog, LiveTurns, StreamSuperseded
 from bastion.stream import UI_MESSAGE_STREAM_HEADERS, StreamStatus, create_agent_stream_response
 from bastion.worker import RequestContext, Route
 
@@ -52,6 +53,8 @@ __all__ = [
 ]
 
 ContextT = TypeVar("ContextT")
+
+logger = logging.getLogger("bastion.stores.chat")
 
 TITLE_LENGTH: Final = 80
 _SETTLE_POLL_SECONDS: Final = 0.05
@@ -350,8 +353,14 @@ def chat_routes(
 
 
 async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    async for chunk in chunks:
-        yield b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    """SSE events of a followed stream. A stream the reader cannot retract ends without `[DONE]`: the
+    client sees it cut short and resumes, and the replay it then reads is whole."""
+    try:
+        async for chunk in chunks:
+            yield b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    except StreamSuperseded:
+        logger.info("A resumed stream was superseded by a take-over; the client replays it.")
+        return
     yield b"data: [DONE]\n\n"
 
 

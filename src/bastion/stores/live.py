@@ -25,6 +25,7 @@ __all__ = [
     "LiveRun",
     "LiveTurns",
     "StreamAssembly",
+    "StreamSuperseded",
 ]
 
 logger = logging.getLogger("bastion.stores.live")
@@ -32,6 +33,10 @@ logger = logging.getLogger("bastion.stores.live")
 Chunk = dict[str, Any]
 
 DEFAULT_FLUSH_INTERVAL: Final = 0.05
+
+
+class StreamSuperseded(Exception):
+    """A follower already sent chunks a new attempt replaced, and cannot retract them (AI SDK 6)."""
 
 
 @dataclass(frozen=True, slots=True)

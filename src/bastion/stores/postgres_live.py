@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from bastion.stores.entities import StoreIdentity, parse_uuid
 from bastion.stores.errors import NotFoundError
-from bastion.stores.live import ChunkBatch, ChunkLog, LiveRun, StreamAssembly
+from bastion.stores.live import ChunkBatch, ChunkLog, LiveRun, StreamAssembly, StreamSuperseded
 
 if TYPE_CHECKING:
     from bastion.stores.postgres import PostgresStore
@@ -140,14 +140,18 @@ class PostgresLiveTurns:
             while True:
                 wake.clear()
                 live, rows = await self._read(identity, run_id, after)
+                # Everything read is applied before anything is sent: an attempt superseded within
+                # what was read (a take-over, read after the fact) is never sent, only what stands.
+                superseded = False
                 for row_id, seq, reset, chunks in rows:
                     after = row_id
-                    if assembly.apply(ChunkBatch(seq, chunks, reset)):
-                        if not reset_step:
-                            raise StreamSuperseded()
-                        yield {"type": "reset-step"}
-                    for chunk in assembly.take():
-                        yield chunk
+                    superseded = assembly.apply(ChunkBatch(seq, chunks, reset)) or superseded
+                if superseded:
+                    if not reset_step:
+                        raise StreamSuperseded()
+                    yield {"type": "reset-step"}
+                for chunk in assembly.take():
+                    yield chunk
                 if assembly.finished:
                     return
                 if not live and not rows:
@@ -204,10 +208,6 @@ class PostgresLiveTurns:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._listener
             self._listener = None
-
-
-class StreamSuperseded(Exception):
-    """A follower already sent chunks a new attempt replaced, and cannot retract them (AI SDK 6)."""
 
 
 def _discard(registry: dict[str, set[asyncio.Event]], key: str, event: asyncio.Event) -> None:
