@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -39,8 +39,12 @@ async def run_chat(
     messages: Sequence[dict[str, Any]] = (),
     headers: Mapping[str, str] | None = None,
     chat_id: str = "chat-1",
+    reset_step: bool = False,
+    timeout: float = 60,
 ) -> list[dict[str, Any]]:
-    """Run `actions` on one AI SDK chat; returns the chat's state after each action."""
+    """Run `actions` on one AI SDK chat; returns the chat's state after each action, with the HTTP
+    requests the action made. With `reset_step` the client resumes with `?resetStep=1` (AI SDK 7).
+    A client still busy after `timeout` seconds is killed and fails the test."""
     js_dir = ai_sdk_dir()
     process = await asyncio.create_subprocess_exec(
         "node",
@@ -57,15 +61,33 @@ async def run_chat(
         "messages": list(messages),
         "actions": actions,
         "headers": dict(headers or {}),
+        "resetStep": reset_step,
     }
-    stdout, stderr = await process.communicate(json.dumps(request).encode())
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(json.dumps(request).encode()), timeout)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise AssertionError(f"The AI SDK client did not finish its actions within {timeout} s.") from None
     assert process.returncode == 0, stderr.decode()
     states: list[dict[str, Any]] = json.loads(stdout)
     return states
 
 
-def send(text: str) -> dict[str, Any]:
-    return {"type": "send", "text": text}
+def send(
+    text: str, *, interrupt: Literal["disconnect", "stop"] | None = None, when: str = ""
+) -> dict[str, Any]:
+    """Send `text`. With `interrupt`, once the reply's text contains `when`: "disconnect" is the
+    client's own `stop()` (it only closes the connection), "stop" asks the server's stop route."""
+    action: dict[str, Any] = {"type": "send", "text": text}
+    if interrupt is not None:
+        action["interrupt"] = {"when": when, "by": interrupt}
+    return action
+
+
+def resume() -> dict[str, Any]:
+    """`resumeStream()`, what `useChat({ resume: true })` calls when the page mounts."""
+    return {"type": "resume"}
 
 
 def approve(approved: bool, reason: str | None = None, approval_id: str | None = None) -> dict[str, Any]:
