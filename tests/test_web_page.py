@@ -131,6 +131,9 @@ async def test_the_page_with_development_sign_in(
     assert stopped["text"].split()[:4] == ["word0", "word1", "word2", "word3"]
     assert f"word{SLOW_WORDS - 1}" not in stopped["text"]
     assert stopped["textLater"] == stopped["text"]
+    # The page shows the reply as stopped, and it is what the server saved of it.
+    assert stopped["note"] == "Stopped: the reply ends here." and stopped["notes"] == 1
+    assert stopped["storedText"].split() == stopped["text"].split()
     assert not stopped["errorShown"]
     assert "recovered" not in stopped  # the stop route ended the turn: no reply finished behind the page
 
@@ -161,7 +164,26 @@ async def test_the_page_with_development_sign_in(
     assert not reloaded["errorShown"]
     # The server has the resume route: a reply reloaded mid-stream carries on after the reload.
     assert reloaded["resumeStatus"] != 404
-    assert f"word{SLOW_WORDS - 1}" in steps["resumed"]["text"]
+    # Reloaded mid-reply: the reply continued and completed, once, as the server stored it.
+    resumed = steps["resumed"]
+    assert resumed["text"].split() == [f"word{n}" for n in range(SLOW_WORDS)]
+    assert resumed["stored"][-1].split() == resumed["text"].split()
+    assert resumed["replies"] == len(resumed["stored"])
+    assert resumed["notes"] == 0 and not resumed["errorShown"]
+
+    # Sent from a second tab while a reply streams: refused as busy, said so, the message kept.
+    busy = steps["busy"]
+    assert busy["code"] == "turn_conflict"
+    assert "still answering in this conversation" in busy["shown"]
+    assert not busy["retryOffered"]  # nothing failed: a retry would regenerate the other tab's reply
+    assert busy["inputWhileBusy"] == "sent while busy"
+    # The second tab followed the first tab's reply to its end, then sent the kept message.
+    assert busy["followed"][-1].split() == [f"word{n}" for n in range(SLOW_WORDS)]
+    assert busy["firstTab"][-1] == busy["followed"][-1]
+    assert busy["userTexts"][-2:] == ["slow please, once more", "sent while busy"]
+    assert "You said" in busy["afterwards"] and not busy["errorAfterwards"]
+    stored = [text.split() for text in busy["stored"]]
+    assert stored[-2:] == [busy["followed"][-1].split(), busy["afterwards"].split()]
     assert steps["deleted"]["titles"] == ["Launch plans"]
 
     memory = steps["memory"]

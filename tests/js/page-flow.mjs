@@ -95,6 +95,25 @@ async function runSettled(page) {
   throw new Error('The run did not settle.');
 }
 
+// The conversation's messages as the server stored them.
+async function storedMessages(page, id) {
+  const token = await bearer(page);
+  return page.evaluate(
+    async ([conversation, bearerToken]) => {
+      const response = await fetch(`/api/conversations/${conversation}/messages`, {
+        headers: { authorization: `Bearer ${bearerToken}` },
+      });
+      return (await response.json()).messages;
+    },
+    [id, token],
+  );
+}
+
+const storedReplies = async (page, id) =>
+  (await storedMessages(page, id))
+    .filter(message => message.role === 'assistant')
+    .map(message => message.parts.filter(part => part.type === 'text').map(part => part.text).join(''));
+
 async function until(condition) {
   for (let tries = 0; tries < 200 && !condition(); tries += 1) await new Promise(done => setTimeout(done, 50));
 }
@@ -244,11 +263,15 @@ async function development() {
   steps.stopped = {
     text: stoppedText,
     textLater: await lastAssistantText(page),
+    storedText: (await storedReplies(page, new URL(page.url()).hash.slice(1))).at(-1),
+    note: await page.textContent('#messages > article:last-of-type.assistant .stopped-note').catch(() => null),
+    notes: await page.$$eval('.stopped-note', nodes => nodes.length),
     errorShown: await page.isVisible('#chat-error'),
     scrollTop: stoppedScroll,
     jumpVisible: await page.isVisible('#jump-to-latest'),
   };
   if (await page.isVisible('#jump-to-latest')) await page.click('#jump-to-latest');
+  await screenshot(page, 'stopped-note');
 
   // A tool that needs approval: approved. Had the stop not ended the turn on the server, the server
   // would finish the stopped reply on its own and the first send would meet its newer copy (recorded
@@ -355,8 +378,53 @@ async function development() {
   await page.waitForFunction(() => /word3\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''));
   await page.reload();
   await page.waitForFunction(() => /word59\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''), null, { timeout: 20000 });
-  steps.resumed = { text: await lastAssistantText(page) };
   await idle(page);
+  await runSettled(page);
+  steps.resumed = {
+    text: await lastAssistantText(page),
+    replies: await page.$$eval('.message.assistant', nodes => nodes.length),
+    stored: await storedReplies(page, firstId),
+    notes: await page.$$eval('.stopped-note', nodes => nodes.length),
+    errorShown: await page.isVisible('#chat-error'),
+  };
+
+  // A message sent from a second tab while the first tab's reply streams is refused as busy: the second
+  // tab says so, keeps the message in the box, follows the running reply, and sends the message after.
+  const otherTab = await context.newPage();
+  watch(otherTab);
+  await otherTab.goto(`${request.url}#${firstId}`);
+  await otherTab.waitForSelector('.tool-card[data-state="output-available"]');
+  await idle(otherTab);
+  await send(page, 'slow please, once more');
+  await page.waitForFunction(() => /word3\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''));
+  const busyResponse = otherTab.waitForResponse(r => r.url().endsWith('/api/chat') && r.request().method() === 'POST');
+  await send(otherTab, 'sent while busy');
+  const refusedAs = await (await busyResponse).json().catch(() => null);
+  await otherTab.waitForSelector('#chat-error');
+  const busyShown = await otherTab.textContent('#chat-error');
+  const inputWhileBusy = await otherTab.inputValue('#prompt');
+  await otherTab.waitForFunction(() => /word59\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''), null, { timeout: 20000 });
+  await idle(otherTab);
+  const busyRetry = await otherTab.isVisible('#chat-error button');
+  await screenshot(otherTab, 'busy');
+  const followed = await assistantTexts(otherTab);
+  await idle(page);
+  await sendAndWait(otherTab, await otherTab.inputValue('#prompt'));
+  await idle(otherTab);
+  steps.busy = {
+    code: refusedAs?.code,
+    shown: busyShown,
+    retryOffered: busyRetry,
+    inputWhileBusy,
+    followed,
+    firstTab: await assistantTexts(page),
+    userTexts: await otherTab.$$eval('.message.user .text', nodes => nodes.map(node => node.textContent)),
+    afterwards: await lastAssistantText(otherTab),
+    errorAfterwards: await otherTab.isVisible('#chat-error'),
+    stored: await storedReplies(otherTab, firstId),
+  };
+  await otherTab.close();
+  lastPage = page;
 
   // A second conversation, deleted again.
   await page.click('#new');

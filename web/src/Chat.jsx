@@ -1,10 +1,11 @@
 import { useChat } from '@ai-sdk/react';
-import { DefaultChatTransport, lastAssistantMessageIsCompleteWithApprovalResponses } from 'ai';
+import { lastAssistantMessageIsCompleteWithApprovalResponses } from 'ai';
 import { useEffect, useLayoutEffect, useMemo, useRef, useState } from 'react';
 import { describeError } from './api.js';
 import Composer from './Composer.jsx';
 import { ArrowDown } from './icons.jsx';
 import Message from './Message.jsx';
+import { makeTransport, stopTurn, turnInFlight } from './transport.js';
 
 // How near the bottom (in pixels) still counts as following the reply.
 const FOLLOW_MARGIN = 48;
@@ -17,30 +18,20 @@ function streamError(error) {
   return `The assistant could not finish this reply${words}`;
 }
 
-function makeTransport(getToken) {
-  return new DefaultChatTransport({
-    api: '/api/chat',
-    headers: async () => {
-      const token = await getToken();
-      return token ? { authorization: `Bearer ${token}` } : {};
-    },
-    // A server without the resume route answers 404: that is "nothing to resume", like 204.
-    fetch: async (input, init) => {
-      const response = await fetch(input, init);
-      const method = (init?.method ?? 'GET').toUpperCase();
-      if (method === 'GET' && response.status === 404 && String(input).endsWith('/stream')) {
-        return new Response(null, { status: 204 });
-      }
-      return response;
-    },
-  });
-}
-
 const CHANGED =
   'This conversation changed elsewhere; it now shows the latest. Your message is still in the box: send it again.';
+const BUSY =
+  'The assistant is still answering in this conversation (perhaps in another tab), shown below. Your message is still in the box: send it once that reply has finished.';
+// Notices about the conversation, not a failed reply: there is nothing to retry.
+const NOT_A_FAILURE = new Set([CHANGED, BUSY]);
 
 export default function Chat({ conversation, api, getToken, onTurnFinished, onSessionEnded }) {
-  const transport = useMemo(() => makeTransport(getToken), [getToken]);
+  // The replies the server stopped, by message id, to show them as stopped.
+  const [stopped, setStopped] = useState(() => new Set());
+  const transport = useMemo(
+    () => makeTransport(getToken, id => id && setStopped(ids => new Set(ids).add(id))),
+    [getToken],
+  );
   const [draft, setDraft] = useState('');
   const [problem, setProblem] = useState('');
   const lastSent = useRef('');
@@ -67,7 +58,7 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
         onSessionEnded();
         return;
       }
-      setProblem(streamError(error));
+      if (error?.statusCode !== 409) setProblem(streamError(error));
       if (typeof error?.statusCode !== 'number') return;
       // A refused send is no lost message: it goes back into the input, as typed.
       // (The SDK applies this update at once, to its own current messages.)
@@ -78,16 +69,10 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
         setDraft(current => current || text || lastSent.current);
         return messages.slice(0, -1);
       });
-      // The server's copy moved on (another tab, or a reply it finished after this page stopped
-      // reading): show it, so the next send continues from there.
-      if (error.statusCode === 409) {
-        reloadFromServer().then(reloaded => {
-          if (reloaded) setProblem(CHANGED);
-        });
-      }
+      if (error.statusCode === 409) refused(streamError(error));
     },
   });
-  const { messages, status, sendMessage, regenerate, stop, addToolApprovalResponse } = chat;
+  const { messages, status, sendMessage, regenerate, stop, addToolApprovalResponse, resumeStream } = chat;
   const busy = status === 'submitted' || status === 'streaming';
 
   // Follow the reply while the reader is at the bottom; leave them where they are once they scroll up.
@@ -120,16 +105,27 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
     sendMessage({ text });
   }
 
+  // A send the server refused as a conflict. Either a turn is running (another tab sent a message): the
+  // page follows that reply; or the server's copy moved on (a reply it finished after this page stopped
+  // reading): the page shows it. Either way the next send continues from the server's copy.
+  async function refused(answer) {
+    const busyElsewhere = await turnInFlight(conversation.id, getToken);
+    const reloaded = await reloadFromServer();
+    if (busyElsewhere) {
+      setProblem(BUSY);
+      await resumeStream();
+      await reloadFromServer();
+    } else {
+      setProblem(reloaded ? CHANGED : answer);
+    }
+  }
+
   async function stopReply() {
-    // Ask the server to stop the run (a server without durable turns has no such route), then stop reading.
-    const token = await getToken();
-    const stopped = await fetch(`/api/chat/${conversation.id}/stop`, {
-      method: 'POST',
-      headers: token ? { authorization: `Bearer ${token}` } : {},
-    }).catch(() => null);
+    // Ask the server to stop the turn (the AI SDK's own stop() only disconnects), then stop reading.
+    const stoppedThere = await stopTurn(conversation.id, getToken);
     await stop();
     // The server kept what was said before the stop: continue from its copy.
-    if (stopped?.ok) await reloadFromServer();
+    if (stoppedThere) await reloadFromServer();
   }
 
   function answer(approvalId, approved, reason) {
@@ -138,6 +134,8 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
   }
 
   const lastAssistant = [...messages].reverse().find(message => message.role === 'assistant');
+  const canRetry =
+    !busy && !NOT_A_FAILURE.has(problem) && lastAssistant && messages[messages.length - 1] === lastAssistant;
   return (
     <section className="chat" aria-label="Conversation">
       <div className="messages" ref={scroller} onScroll={onScroll} id="messages" aria-live="polite">
@@ -161,6 +159,7 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
             }}
             onAnswer={answer}
             busy={busy}
+            stopped={stopped.has(message.id)}
           />
         ))}
         {status === 'submitted' && (
@@ -180,7 +179,7 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
       {problem && (
         <div role="alert" className="error-banner chat-error" id="chat-error">
           {problem}
-          {!busy && lastAssistant && messages[messages.length - 1] === lastAssistant && (
+          {canRetry && (
             <button
               type="button"
               className="link"

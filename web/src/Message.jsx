@@ -4,7 +4,17 @@ import { Refresh } from './icons.jsx';
 import Markdown from './Markdown.jsx';
 import ToolCard from './ToolCard.jsx';
 
-export default function Message({ message, conversationId, api, streaming, canRegenerate, onRegenerate, onAnswer, busy }) {
+export default function Message({
+  message,
+  conversationId,
+  api,
+  streaming,
+  stopped,
+  canRegenerate,
+  onRegenerate,
+  onAnswer,
+  busy,
+}) {
   if (message.role === 'user') {
     const text = message.parts.filter(part => part.type === 'text').map(part => part.text).join('\n');
     return (
@@ -29,6 +39,11 @@ export default function Message({ message, conversationId, api, streaming, canRe
         if (isToolUIPart(part)) return <ToolCard key={part.toolCallId} part={part} onAnswer={onAnswer} busy={busy} />;
         return null;
       })}
+      {stopped && (
+        <p className="stopped-note" role="note">
+          Stopped: the reply ends here.
+        </p>
+      )}
       {!streaming && hasText && (
         <div className="message-actions">
           <Feedback conversationId={conversationId} messageId={message.id} api={api} />
