@@ -184,6 +184,13 @@ async def test_the_page_with_development_sign_in(
     assert "You said" in busy["afterwards"] and not busy["errorAfterwards"]
     stored = [text.split() for text in busy["stored"]]
     assert stored[-2:] == [busy["followed"][-1].split(), busy["afterwards"].split()]
+    refused_resume = steps["resumeRefused"]
+    assert refused_resume["error"] == "The server could not complete this. Try again in a moment.Retry"
+    assert refused_resume["userTexts"][-1] == "slow please, a third time"
+    assert refused_resume["input"] == ""
+    assert refused_resume["retried"].split() == [f"word{n}" for n in range(SLOW_WORDS)]
+    assert refused_resume["stored"][-1].split() == refused_resume["retried"].split()
+    assert not refused_resume["errorAfter"]
     assert steps["deleted"]["titles"] == ["Launch plans"]
 
     memory = steps["memory"]

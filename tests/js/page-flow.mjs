@@ -426,6 +426,37 @@ async function development() {
   await otherTab.close();
   lastPage = page;
 
+  // A resume the server refuses (reloaded mid-reply while it has trouble) is said in words; the message
+  // that reply answers stays where it is, not moved back into the box as a refused send would be.
+  await page.reload(); // the first tab learns of the second tab's turn
+  await page.waitForSelector('.tool-card[data-state="output-available"]');
+  await send(page, 'slow please, a third time');
+  await page.waitForFunction(() => {
+    const [asked, reply] = [...document.querySelectorAll('#messages > article')].slice(-2);
+    return asked?.innerText === 'slow please, a third time' && /word3\b/.test(reply?.innerText ?? '');
+  });
+  const resumeRoute = url => url.pathname.endsWith('/stream');
+  await page.route(resumeRoute, route => route.fulfill({ status: 503, contentType: 'text/plain', body: 'db-7 down' }));
+  await page.reload();
+  await page.waitForSelector('#chat-error');
+  const refusedError = await page.textContent('#chat-error');
+  const refusedUsers = await page.$$eval('.message.user .text', nodes => nodes.map(node => node.textContent));
+  const refusedInput = await page.inputValue('#prompt');
+  // Retry follows the reply again (or shows the server's copy, had it finished meanwhile).
+  await page.unroute(resumeRoute);
+  await page.click('#chat-error button');
+  await page.waitForFunction(() => /word59\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''), null, { timeout: 20000 });
+  await idle(page);
+  await runSettled(page);
+  steps.resumeRefused = {
+    error: refusedError,
+    userTexts: refusedUsers,
+    input: refusedInput,
+    retried: await lastAssistantText(page),
+    stored: await storedReplies(page, firstId),
+    errorAfter: await page.isVisible('#chat-error'),
+  };
+
   // A second conversation, deleted again.
   await page.click('#new');
   await sendAndWait(page, 'a conversation to delete');

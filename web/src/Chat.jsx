@@ -28,12 +28,22 @@ const NOT_A_FAILURE = new Set([CHANGED, BUSY]);
 export default function Chat({ conversation, api, getToken, onTurnFinished, onSessionEnded }) {
   // The replies the server stopped, by message id, to show them as stopped.
   const [stopped, setStopped] = useState(() => new Set());
+  // Set when the server refused to resume a reply: the error that follows is no refused send.
+  const resumeRefused = useRef(false);
   const transport = useMemo(
-    () => makeTransport(getToken, id => id && setStopped(ids => new Set(ids).add(id))),
+    () =>
+      makeTransport(getToken, {
+        onStopped: id => id && setStopped(ids => new Set(ids).add(id)),
+        onResumeRefused: () => {
+          resumeRefused.current = true;
+        },
+      }),
     [getToken],
   );
   const [draft, setDraft] = useState('');
   const [problem, setProblem] = useState('');
+  // The problem is a reply the page could not follow: Retry follows it again, instead of regenerating.
+  const [retryResume, setRetryResume] = useState(false);
   const lastSent = useRef('');
 
   async function reloadFromServer() {
@@ -58,8 +68,14 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
         onSessionEnded();
         return;
       }
-      if (error?.statusCode !== 409) setProblem(streamError(error));
-      if (typeof error?.statusCode !== 'number') return;
+      // The server refused a send, or the stream failed (a resume refused, a dropped connection).
+      const wasResume = resumeRefused.current;
+      resumeRefused.current = false;
+      if (wasResume || typeof error?.statusCode !== 'number') {
+        setRetryResume(wasResume);
+        setProblem(streamError(error));
+        return;
+      }
       // A refused send is no lost message: it goes back into the input, as typed.
       // (The SDK applies this update at once, to its own current messages.)
       chat.setMessages(messages => {
@@ -70,6 +86,7 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
         return messages.slice(0, -1);
       });
       if (error.statusCode === 409) refused(streamError(error));
+      else setProblem(streamError(error));
     },
   });
   const { messages, status, sendMessage, regenerate, stop, addToolApprovalResponse, resumeStream } = chat;
@@ -100,6 +117,7 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
 
   function send(text) {
     setProblem('');
+    setRetryResume(false);
     lastSent.current = text;
     toBottom();
     sendMessage({ text });
@@ -135,7 +153,21 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
 
   const lastAssistant = [...messages].reverse().find(message => message.role === 'assistant');
   const canRetry =
-    !busy && !NOT_A_FAILURE.has(problem) && lastAssistant && messages[messages.length - 1] === lastAssistant;
+    !busy &&
+    !NOT_A_FAILURE.has(problem) &&
+    (retryResume || (lastAssistant && messages[messages.length - 1] === lastAssistant));
+
+  async function retry() {
+    setProblem('');
+    if (!retryResume) {
+      regenerate();
+      return;
+    }
+    setRetryResume(false);
+    await resumeStream();
+    // The reply may have finished meanwhile (nothing left to resume): show the server's copy.
+    await reloadFromServer();
+  }
   return (
     <section className="chat" aria-label="Conversation">
       <div className="messages" ref={scroller} onScroll={onScroll} id="messages" aria-live="polite">
@@ -180,14 +212,7 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
         <div role="alert" className="error-banner chat-error" id="chat-error">
           {problem}
           {canRetry && (
-            <button
-              type="button"
-              className="link"
-              onClick={() => {
-                setProblem('');
-                regenerate();
-              }}
-            >
+            <button type="button" className="link" onClick={retry}>
               Retry
             </button>
           )}

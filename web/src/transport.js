@@ -6,15 +6,18 @@ function authorization(token) {
   return token ? { authorization: `Bearer ${token}` } : {};
 }
 
-// A server without the resume route answers 404: that is "nothing to resume", like 204.
-async function fetchTreatingMissingResumeAsIdle(input, init) {
-  const response = await fetch(input, init);
-  const method = (init?.method ?? 'GET').toUpperCase();
-  const path = new URL(String(input), window.location.href).pathname;
-  if (method === 'GET' && response.status === 404 && path.endsWith('/stream')) {
-    return new Response(null, { status: 204 });
-  }
-  return response;
+// A server without the resume route answers 404: that is "nothing to resume", like 204. Any other
+// refused resume is told to `onResumeRefused` before the AI SDK reports it as an error.
+function resumeAwareFetch(onResumeRefused) {
+  return async (input, init) => {
+    const response = await fetch(input, init);
+    const method = (init?.method ?? 'GET').toUpperCase();
+    const path = new URL(String(input), window.location.href).pathname;
+    if (method !== 'GET' || !path.endsWith('/stream')) return response;
+    if (response.status === 404) return new Response(null, { status: 204 });
+    if (!response.ok) onResumeRefused();
+    return response;
+  };
 }
 
 // The server ends a stopped turn's stream with an `abort` chunk (the AI SDK keeps no trace of it in the
@@ -40,11 +43,11 @@ class StopNoticingTransport extends DefaultChatTransport {
   }
 }
 
-export function makeTransport(getToken, onStopped) {
+export function makeTransport(getToken, { onStopped, onResumeRefused }) {
   return new StopNoticingTransport({
     api: '/api/chat',
     headers: async () => authorization(await getToken()),
-    fetch: fetchTreatingMissingResumeAsIdle,
+    fetch: resumeAwareFetch(onResumeRefused),
     // A reply resumed after its worker died may re-run a step: `reset-step` retracts what that step
     // had shown, where an AI SDK 6 client would be closed and replay instead.
     prepareReconnectToStreamRequest: ({ api, id, headers }) => ({
