@@ -4,6 +4,8 @@
   staff) under row-level security: staff of a tenant see its inbox, a contact only its conversation.
 - `ContactPrincipal`: a contact, never a user; `ContactTokens` sign one into a web widget.
 - `InboxChannel` / `InboxChannels`: channel adapters and the secret each proves itself with.
+- `InboxReplies`: the bot's replies as durable jobs (DBOS), the agent running as the contact
+  (`InboxTurn`), with `handoff_to_human` and `user_only_policy`.
 - `inbox_routes`: the adapters' webhook, the widget's routes and the staff's.
 
 The inbox needs Postgres (`bastion[postgres]`).
@@ -20,11 +22,15 @@ from bastion.inbox.entities import (
 )
 from bastion.inbox.errors import ChannelUnauthorizedError, ContactTokenError, ThreadConflictError
 from bastion.inbox.principal import CONTACT_ROLE, ContactPrincipal
+from bastion.inbox.replies import REPLY_QUEUE, REPLY_WORKFLOW, InboxReplies, JobOutcome, reply_job_id
 from bastion.inbox.store import PostgresInbox, ReplyJob, ReplyRouter, apply_inbox_migrations
 from bastion.inbox.tokens import ContactTokens
+from bastion.inbox.turns import InboxTurn, answer_as_contact, handoff_to_human, user_only_policy
 
 __all__ = [
     "CONTACT_ROLE",
+    "REPLY_QUEUE",
+    "REPLY_WORKFLOW",
     "Author",
     "BotMode",
     "ChannelUnauthorizedError",
@@ -36,10 +42,17 @@ __all__ = [
     "InboxChannels",
     "InboxConversation",
     "InboxMessage",
+    "InboxReplies",
+    "InboxTurn",
+    "JobOutcome",
     "PostgresInbox",
     "ReplyJob",
     "ReplyOutcome",
     "ReplyRouter",
     "ThreadConflictError",
+    "answer_as_contact",
     "apply_inbox_migrations",
+    "handoff_to_human",
+    "reply_job_id",
+    "user_only_policy",
 ]

@@ -50,6 +50,7 @@ class InboundMessage:
     conversation_id: str
     contact_id: str
     message_id: str
+    seq: int
     bot_mode: BotMode
     duplicate: bool
 

@@ -39,9 +39,7 @@ MAX_MESSAGE_LENGTH: Final = 8000
 _BOT_MODES: Final = frozenset({"bot", "human"})
 
 _AS_SERVER: Final = "select set_config('request.jwt.claims', '', true)"
-_AS_CONTACT: Final = (
-    "select set_config('role', %s, true), set_config('request.jwt.claims', %s, true)"
-)
+_AS_CONTACT: Final = "select set_config('role', %s, true), set_config('request.jwt.claims', %s, true)"
 # Back to the application's own login role inside the transaction, for the queue's enqueue.
 _AS_LOGIN_ROLE: Final = "select set_config('role', 'none', true)"
 
@@ -52,10 +50,10 @@ _CONTACT_SEND: Final = """
 insert into bastion.inbox_messages (conversation_id, tenant_id, author, body, external_id)
 values (%s, %s, 'contact', %s, %s)
 on conflict on constraint inbox_messages_external do nothing
-returning id::text
+returning id::text, seq
 """
 _CONTACT_EXISTING: Final = """
-select id::text from bastion.inbox_messages where conversation_id = %s and external_id = %s
+select id::text, seq from bastion.inbox_messages where conversation_id = %s and external_id = %s
 """
 _MESSAGES: Final = """
 select id::text, seq, author, body, created_at, reply_to::text from bastion.inbox_messages
@@ -113,7 +111,9 @@ class ReplyRouter(Protocol):
     commits or rolls back with the message.
     """
 
-    async def route(self, conn: Connection, contact: ContactPrincipal, message_id: str) -> None: ...
+    async def route(
+        self, conn: Connection, contact: ContactPrincipal, message_id: str, *, seq: int
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,6 +165,7 @@ class PostgresInbox:
                     conversation_id=str(row[0]),
                     contact_id=str(row[1]),
                     message_id=str(row[2]),
+                    seq=row[3],
                     bot_mode=row[4],
                     duplicate=row[5],
                 )
@@ -215,6 +216,7 @@ class PostgresInbox:
                     conversation_id=contact.conversation_id,
                     contact_id=contact.contact_id,
                     message_id=row[0],
+                    seq=row[1],
                     bot_mode=bot_mode,
                     duplicate=duplicate,
                 )
@@ -234,7 +236,9 @@ class PostgresInbox:
 
     # Staff
 
-    async def list_conversations(self, identity: StoreIdentity, *, limit: int = 100) -> list[InboxConversation]:
+    async def list_conversations(
+        self, identity: StoreIdentity, *, limit: int = 100
+    ) -> list[InboxConversation]:
         """The caller's tenant's conversations, the most recent first (none without a tenant)."""
         check_limit(limit)
         with _inbox_errors():
@@ -280,7 +284,12 @@ class PostgresInbox:
         return _conversation(await cursor.fetchone())
 
     async def reply_as_staff(
-        self, identity: StoreIdentity, conversation_id: str, text: str, *, client_message_id: str | None = None
+        self,
+        identity: StoreIdentity,
+        conversation_id: str,
+        text: str,
+        *,
+        client_message_id: str | None = None,
     ) -> InboxMessage:
         """A staff member's reply; it never routes to the bot."""
         conversation_id = parse_uuid(conversation_id)
@@ -348,7 +357,7 @@ class PostgresInbox:
         if self.router is None or not inbound.routed:
             return
         await conn.execute(_AS_LOGIN_ROLE)
-        await self.router.route(conn, contact, inbound.message_id)
+        await self.router.route(conn, contact, inbound.message_id, seq=inbound.seq)
 
 
 def _contact_of(tenant_id: str, inbound: InboundMessage) -> ContactPrincipal:
@@ -369,9 +378,7 @@ def _single(row: tuple[Any, ...] | None) -> Any:
 
 
 def _message(row: Sequence[Any]) -> InboxMessage:
-    return InboxMessage(
-        id=row[0], seq=row[1], author=row[2], body=row[3], created_at=row[4], reply_to=row[5]
-    )
+    return InboxMessage(id=row[0], seq=row[1], author=row[2], body=row[3], created_at=row[4], reply_to=row[5])
 
 
 def _conversation(row: Sequence[Any] | None) -> InboxConversation:

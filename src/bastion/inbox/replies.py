@@ -1,0 +1,186 @@
+"""The bot's replies on DBOS: one durable job per contact message, one at a time per conversation.
+
+A contact message in a bot-mode conversation enqueues `bastion.inbox.reply` in the transaction that
+stores it (`dbos.enqueue_workflow`), on a queue partitioned by conversation with a partition
+concurrency of 1. The workflow id is derived from the message (`inbox.reply:<seq>:<message id>`), so a
+redelivered message or a retried job is the same work, never a second one.
+
+Messages that arrive while a reply runs are answered **in order, one reply each**: every job answers its
+own message from the conversation as it stood up to that message (earlier bot replies included), so the
+replies follow the messages and a retried job sees the same history. The queue runs the jobs of one
+conversation in the order their messages were stored (ties broken by the message's position).
+
+The workflow's steps: load what the job may answer (as the contact; nothing if the conversation is with
+a human or changed mode since the message), run the agent as the contact, post the reply as the bot
+(once: a retried step finds it posted). A turn that fails (a model error, a connection that needs a
+user's authorization) posts nothing and hands the conversation to staff with the reason, so the contact
+is never left waiting on a bot that cannot answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Final, Literal, TypeAlias
+
+from bastion._extras import missing_extra
+
+try:
+    from dbos import DBOS
+except ImportError as error:
+    raise missing_extra("bastion.inbox", "durable", error) from error
+
+from pydantic_ai.models import KnownModelName, Model
+
+from bastion.agent import Agent
+from bastion.durable import DURABLE_APPLICATION_VERSION, DURABLE_SCHEMA, DurableEngine
+from bastion.durable.engine import DEFAULT_APPLICATION_NAME
+from bastion.inbox.principal import ContactPrincipal
+from bastion.inbox.store import PostgresInbox
+from bastion.inbox.turns import InboxTurn, answer_as_contact
+from bastion.stores.postgres import Connection
+
+__all__ = ["REPLY_QUEUE", "REPLY_WORKFLOW", "InboxReplies", "JobOutcome", "reply_job_id"]
+
+logger = logging.getLogger("bastion.inbox")
+
+REPLY_QUEUE: Final = "bastion.inbox.replies"
+REPLY_WORKFLOW: Final = "bastion.inbox.reply"
+JobOutcome: TypeAlias = Literal["posted", "duplicate", "dropped", "silent", "failed"]
+"""`silent`: the agent answered with no text (it only handed off, say); `failed`: see the module."""
+
+_ENQUEUE: Final = f"""
+select {DURABLE_SCHEMA}.enqueue_workflow(
+  %s, %s, array[%s::json, %s::json, %s::json, %s::json], '{{}}'::json,
+  workflow_id => %s, app_version => %s, queue_partition_key => %s, application_name => %s
+)
+"""
+
+_running: InboxReplies | None = None
+
+
+def reply_job_id(message_id: str, seq: int) -> str:
+    """The reply job of a message: the same for every delivery of it, ordered like the messages."""
+    return f"inbox.reply:{seq:019d}:{message_id}"
+
+
+class InboxReplies:
+    """Answers contact messages with `agent` (an `Agent[InboxTurn]`) on `model`, as a `ReplyRouter`.
+
+    `await replies.start(engine)` registers the queue on this process's `DurableEngine` (launched after
+    this module was imported, so DBOS knows the workflow) and makes this process run the jobs; only
+    one `InboxReplies` runs per process, as DBOS does. Without `start`, it still routes: the jobs wait
+    in the queue for a process that runs them.
+    """
+
+    def __init__(
+        self,
+        inbox: PostgresInbox,
+        *,
+        agent: Agent[InboxTurn],
+        model: Model | KnownModelName | str,
+        application_name: str = DEFAULT_APPLICATION_NAME,
+    ) -> None:
+        self.inbox = inbox
+        self.agent = agent
+        self.model = model
+        self._application_name = application_name
+        inbox.router = self
+
+    async def start(self, engine: DurableEngine) -> None:
+        global _running
+        if _running is not None and _running is not self:
+            raise RuntimeError("Another InboxReplies already runs the inbox's jobs in this process.")
+        await engine.register_queue(REPLY_QUEUE, partition_concurrency=1)
+        _running = self
+
+    def stop(self) -> None:
+        global _running
+        if _running is self:
+            _running = None
+
+    async def route(self, conn: Connection, contact: ContactPrincipal, message_id: str, *, seq: int) -> None:
+        """Enqueue the message's reply job in the caller's transaction (see `ReplyRouter`)."""
+        arguments = [contact.tenant_id, contact.contact_id, contact.conversation_id, message_id]
+        await conn.execute(
+            _ENQUEUE,
+            (
+                REPLY_WORKFLOW,
+                REPLY_QUEUE,
+                *(json.dumps(value) for value in arguments),
+                reply_job_id(message_id, seq),
+                DURABLE_APPLICATION_VERSION,
+                contact.conversation_id,
+                self._application_name,
+            ),
+        )
+
+    async def turn_text(self, contact: ContactPrincipal, job_id: str, history: list[dict[str, Any]]) -> str:
+        turn = InboxTurn(principal=contact, job_id=job_id, inbox=self.inbox)
+        return await answer_as_contact(self.agent, turn=turn, model=self.model, history=history)
+
+
+def _replies() -> InboxReplies:
+    if _running is None:
+        raise RuntimeError("No InboxReplies was started in this process.")
+    return _running
+
+
+def _contact(tenant_id: str, contact_id: str, conversation_id: str) -> ContactPrincipal:
+    return ContactPrincipal(tenant_id=tenant_id, contact_id=contact_id, conversation_id=conversation_id)
+
+
+@DBOS.step(name="bastion.inbox.reply.load", retries_allowed=True, max_attempts=3)
+async def _load(
+    tenant_id: str, contact_id: str, conversation_id: str, message_id: str, job_id: str
+) -> list[dict[str, Any]] | None:
+    """The history the job answers from, or None when it may not answer."""
+    contact = _contact(tenant_id, contact_id, conversation_id)
+    job = await _replies().inbox.reply_job(contact, message_id, job_id=job_id)
+    return job.history if job.answerable else None
+
+
+@DBOS.step(name="bastion.inbox.reply.turn")
+async def _turn(
+    tenant_id: str, contact_id: str, conversation_id: str, job_id: str, history: list[dict[str, Any]]
+) -> dict[str, str]:
+    """The agent's reply (`text`), or why it could not answer (`failure`): never raised, so the
+    workflow can hand the conversation to staff."""
+    contact = _contact(tenant_id, contact_id, conversation_id)
+    try:
+        return {"text": await _replies().turn_text(contact, job_id, history)}
+    except Exception as error:
+        code = getattr(error, "code", None)
+        logger.warning("The inbox's bot turn %s failed.", job_id, exc_info=True)
+        return {"failure": code if isinstance(code, str) and code.isidentifier() else "turn_failed"}
+
+
+@DBOS.step(name="bastion.inbox.reply.post", retries_allowed=True, max_attempts=3)
+async def _post(
+    tenant_id: str, contact_id: str, conversation_id: str, message_id: str, job_id: str, text: str
+) -> str:
+    contact = _contact(tenant_id, contact_id, conversation_id)
+    return await _replies().inbox.post_bot_reply(contact, message_id, text, job_id=job_id)
+
+
+@DBOS.step(name="bastion.inbox.reply.handoff", retries_allowed=True, max_attempts=3)
+async def _handoff(tenant_id: str, contact_id: str, conversation_id: str, job_id: str, failure: str) -> None:
+    contact = _contact(tenant_id, contact_id, conversation_id)
+    await _replies().inbox.request_handoff(contact, f"The bot could not answer ({failure}).", job_id=job_id)
+
+
+@DBOS.workflow(name=REPLY_WORKFLOW)
+async def _reply(tenant_id: str, contact_id: str, conversation_id: str, message_id: str) -> str:
+    job_id = DBOS.workflow_id
+    assert job_id is not None
+    ids = (tenant_id, contact_id, conversation_id)
+    history = await _load(*ids, message_id, job_id)
+    if history is None:
+        return "dropped"
+    answer = await _turn(*ids, job_id, history)
+    if "failure" in answer:
+        await _handoff(*ids, job_id, answer["failure"])
+        return "failed"
+    if not answer["text"]:
+        return "silent"
+    return await _post(*ids, message_id, job_id, answer["text"])
