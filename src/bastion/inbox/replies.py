@@ -15,13 +15,19 @@ a human or changed mode since the message), run the agent as the contact, post t
 (once: a retried step finds it posted). A turn that fails (a model error, a connection that needs a
 user's authorization) posts nothing and hands the conversation to staff with the reason, so the contact
 is never left waiting on a bot that cannot answer.
+
+DBOS runs queued workflows on an event loop of its own; each step's work is handed to the loop that
+started `InboxReplies` (where the application's pool, model clients and connections live) and awaited
+from DBOS's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from typing import Any, Final, Literal, TypeAlias
+from collections.abc import Coroutine
+from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from bastion._extras import missing_extra
 
@@ -43,6 +49,8 @@ from bastion.stores.postgres import Connection
 __all__ = ["REPLY_QUEUE", "REPLY_WORKFLOW", "InboxReplies", "JobOutcome", "reply_job_id"]
 
 logger = logging.getLogger("bastion.inbox")
+
+T = TypeVar("T")
 
 REPLY_QUEUE: Final = "bastion.inbox.replies"
 REPLY_WORKFLOW: Final = "bastion.inbox.reply"
@@ -85,6 +93,7 @@ class InboxReplies:
         self.agent = agent
         self.model = model
         self._application_name = application_name
+        self._loop: asyncio.AbstractEventLoop | None = None
         inbox.router = self
 
     async def start(self, engine: DurableEngine) -> None:
@@ -92,7 +101,15 @@ class InboxReplies:
         if _running is not None and _running is not self:
             raise RuntimeError("Another InboxReplies already runs the inbox's jobs in this process.")
         await engine.register_queue(REPLY_QUEUE, partition_concurrency=1)
+        self._loop = asyncio.get_running_loop()
         _running = self
+
+    async def on_own_loop(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run `work` on the loop that started these replies, awaited from the loop running the step."""
+        loop = self._loop
+        if loop is None or loop is asyncio.get_running_loop():
+            return await work
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop))
 
     def stop(self) -> None:
         global _running
@@ -136,7 +153,8 @@ async def _load(
 ) -> list[dict[str, Any]] | None:
     """The history the job answers from, or None when it may not answer."""
     contact = _contact(tenant_id, contact_id, conversation_id)
-    job = await _replies().inbox.reply_job(contact, message_id, job_id=job_id)
+    replies = _replies()
+    job = await replies.on_own_loop(replies.inbox.reply_job(contact, message_id, job_id=job_id))
     return job.history if job.answerable else None
 
 
@@ -147,8 +165,9 @@ async def _turn(
     """The agent's reply (`text`), or why it could not answer (`failure`): never raised, so the
     workflow can hand the conversation to staff."""
     contact = _contact(tenant_id, contact_id, conversation_id)
+    replies = _replies()
     try:
-        return {"text": await _replies().turn_text(contact, job_id, history)}
+        return {"text": await replies.on_own_loop(replies.turn_text(contact, job_id, history))}
     except Exception as error:
         code = getattr(error, "code", None)
         logger.warning("The inbox's bot turn %s failed.", job_id, exc_info=True)
@@ -160,13 +179,16 @@ async def _post(
     tenant_id: str, contact_id: str, conversation_id: str, message_id: str, job_id: str, text: str
 ) -> str:
     contact = _contact(tenant_id, contact_id, conversation_id)
-    return await _replies().inbox.post_bot_reply(contact, message_id, text, job_id=job_id)
+    replies = _replies()
+    return await replies.on_own_loop(replies.inbox.post_bot_reply(contact, message_id, text, job_id=job_id))
 
 
 @DBOS.step(name="bastion.inbox.reply.handoff", retries_allowed=True, max_attempts=3)
 async def _handoff(tenant_id: str, contact_id: str, conversation_id: str, job_id: str, failure: str) -> None:
     contact = _contact(tenant_id, contact_id, conversation_id)
-    await _replies().inbox.request_handoff(contact, f"The bot could not answer ({failure}).", job_id=job_id)
+    replies = _replies()
+    reason = f"The bot could not answer ({failure})."
+    await replies.on_own_loop(replies.inbox.request_handoff(contact, reason, job_id=job_id))
 
 
 @DBOS.workflow(name=REPLY_WORKFLOW)

@@ -43,6 +43,12 @@ class InboxTurn:
     job_id: str
     inbox: PostgresInbox = field(repr=False)
 
+    @property
+    def identity(self) -> None:
+        """A contact has no user identity: memory written for user turns (`identity=lambda ctx:
+        ctx.identity`) finds none here, so it recalls and stores nothing."""
+        return None
+
 
 def handoff_to_human(turn: InboxTurn) -> Tool:
     """`handoff_to_human(reason)`: the conversation leaves bot mode for staff; this turn's reply posts."""
