@@ -1,0 +1,98 @@
+"""A reply job whose worker is SIGKILLed mid-turn is finished by another worker, and the contact gets
+exactly one reply."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+
+import psycopg
+
+from bastion.inbox import InboxReplies, PostgresInbox, reply_job_id
+from tests.inbox_db import InboxDatabase, channel_of, new_tenant, staff_of
+from tests.inbox_models import EchoModel, support_agent
+from tests.inbox_worker import CALLS_TABLE
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def _worker(database: InboxDatabase, mode: str, executor: str) -> asyncio.subprocess.Process:
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}",
+        "BASTION_TEST_APP_DSN": database.app_dsn,
+        "BASTION_EXECUTOR_ID": executor,
+    }
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.inbox_worker",
+        mode,
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    line = await asyncio.wait_for(child.stdout.readline(), 60)
+    assert line.startswith(b"started"), (line, await child.stderr.read() if child.stderr else b"")
+    return child
+
+
+def _calls(database: InboxDatabase, executor: str) -> int:
+    with psycopg.connect(database.admin_dsn) as conn:
+        row = conn.execute("select count(*) from public.inbox_model_calls where executor = %s", (executor,))
+        return row.fetchone()[0]  # type: ignore[index]
+
+
+def _status(database: InboxDatabase, workflow_id: str) -> str | None:
+    with psycopg.connect(database.admin_dsn) as conn:
+        row = conn.execute("select status from dbos.workflow_status where workflow_uuid = %s", (workflow_id,))
+        found = row.fetchone()
+        return found[0] if found else None
+
+
+async def _until(check: object, what: str, timeout: float = 60) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def test_a_reply_killed_mid_turn_is_finished_elsewhere_and_posted_once(
+    inbox: PostgresInbox, inbox_database: InboxDatabase
+) -> None:
+    with psycopg.connect(inbox_database.admin_dsn, autocommit=True) as conn:
+        conn.execute(CALLS_TABLE)
+    # This process only routes: the reply jobs run in the workers.
+    InboxReplies(inbox, agent=support_agent(), model=EchoModel().model())
+    dying, living = f"dying-{uuid.uuid4().hex[:6]}", f"living-{uuid.uuid4().hex[:6]}"
+    first = await _worker(inbox_database, "hang", dying)
+    second: asyncio.subprocess.Process | None = None
+    try:
+        tenant = new_tenant()
+        message = await inbox.record_inbound(
+            channel_of(tenant), thread_id="t", contact_id="ada", text="Are you there?", external_id="m1"
+        )
+        job = reply_job_id(message.message_id, message.seq)
+        await _until(lambda: _calls(inbox_database, dying) == 1, "the first worker never called the model")
+        first.send_signal(signal.SIGKILL)
+        await first.wait()
+        assert _status(inbox_database, job) == "PENDING"
+        second = await _worker(inbox_database, "echo", living)
+        await _until(lambda: _status(inbox_database, job) == "SUCCESS", "the job was never finished")
+        messages = await inbox.list_messages(staff_of(tenant), message.conversation_id)
+        assert [(m.author, m.body) for m in messages] == [
+            ("contact", "Are you there?"),
+            ("bot", "Re: Are you there?"),
+        ]
+        assert (_calls(inbox_database, dying), _calls(inbox_database, living)) == (1, 1)
+    finally:
+        for child in (first, second):
+            if child is not None and child.returncode is None:
+                child.send_signal(signal.SIGKILL)
+                await child.wait()
