@@ -23,6 +23,7 @@ from bastion.inbox.entities import (
 from bastion.inbox.errors import ChannelUnauthorizedError, ContactTokenError, ThreadConflictError
 from bastion.inbox.principal import CONTACT_ROLE, ContactPrincipal
 from bastion.inbox.replies import REPLY_QUEUE, REPLY_WORKFLOW, InboxReplies, JobOutcome, reply_job_id
+from bastion.inbox.routes import inbox_routes
 from bastion.inbox.store import PostgresInbox, ReplyJob, ReplyRouter, apply_inbox_migrations
 from bastion.inbox.tokens import ContactTokens
 from bastion.inbox.turns import InboxTurn, answer_as_contact, handoff_to_human, user_only_policy
@@ -53,6 +54,7 @@ __all__ = [
     "answer_as_contact",
     "apply_inbox_migrations",
     "handoff_to_human",
+    "inbox_routes",
     "reply_job_id",
     "user_only_policy",
 ]

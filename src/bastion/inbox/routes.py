@@ -1,0 +1,312 @@
+"""The inbox over HTTP: the channel adapters' webhook, the web widget's routes and the staff's.
+
+- `POST {prefix}/channels/{channel}/messages`: an adapter delivers a contact's message. The bearer
+  secret is checked (in constant time) before the body is read: a wrong one is 401 and stores nothing.
+  The tenant is the channel's; a message id seen before is stored once (`duplicate: true`).
+- `POST {prefix}/widget/conversations` (only with `widget_tenant`): a visitor opens a conversation and
+  gets a contact token for it. `GET`/`POST {prefix}/widget/messages`: the conversation, read and
+  written with that token (`Authorization: Bearer <contact token>`), one conversation per token.
+- Staff (signed-in users of the tenant): `GET {prefix}/conversations`, `GET .../{id}`, `PUT
+  .../{id}/mode` (take over: `human`; hand back: `bot`) and `POST .../{id}/messages` (reply).
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import Response
+
+from bastion.api import StrictModel, json_response, operation
+from bastion.auth import AuthenticationError, bearer_token
+from bastion.inbox.channels import InboxChannels
+from bastion.inbox.entities import InboxConversation, InboxMessage
+from bastion.inbox.errors import ChannelUnauthorizedError, ContactTokenError
+from bastion.inbox.principal import ContactPrincipal
+from bastion.inbox.store import MAX_MESSAGE_LENGTH, PostgresInbox
+from bastion.inbox.tokens import ContactTokens
+from bastion.stores import NotFoundError, StoreIdentity
+from bastion.worker import RequestContext, Route
+
+__all__ = ["inbox_routes"]
+
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+Text = Annotated[str, Field(min_length=1, max_length=MAX_MESSAGE_LENGTH)]
+
+
+class ChannelContact(StrictModel):
+    """Who wrote, as the channel knows them."""
+
+    id: Name
+    name: Name | None = None
+
+
+class ChannelMessage(StrictModel):
+    """The message: its id on the channel (the idempotency key) and its text."""
+
+    id: Name
+    text: Text
+
+
+class InboundBody(StrictModel):
+    """A message a channel adapter delivers; `thread_id` defaults to the contact's id."""
+
+    contact: ChannelContact
+    message: ChannelMessage
+    thread_id: Name | None = None
+
+
+class InboundOut(StrictModel):
+    """Where the message went; `duplicate` when its id was delivered before (nothing new stored)."""
+
+    conversation_id: str
+    message_id: str
+    duplicate: bool
+
+
+class WidgetOpenBody(StrictModel):
+    """The visitor's display name, if they gave one."""
+
+    name: Name | None = None
+
+
+class WidgetSession(StrictModel):
+    """A contact token for one new conversation."""
+
+    token: str
+    conversation_id: str
+
+
+class MessageOut(StrictModel):
+    id: str
+    author: Literal["contact", "bot", "staff"]
+    text: str
+    created_at: datetime
+    reply_to: str | None
+
+
+class WidgetConversation(StrictModel):
+    """The contact's conversation: who answers now (`bot` or `human`) and its messages in order."""
+
+    bot_mode: Literal["bot", "human"]
+    messages: list[MessageOut]
+
+
+class SendBody(StrictModel):
+    """A message; `client_message_id` makes a retried send store it once."""
+
+    text: Text
+    client_message_id: Name | None = None
+
+
+class SentOut(StrictModel):
+    message_id: str
+    duplicate: bool
+
+
+class ConversationOut(StrictModel):
+    id: str
+    contact_name: str | None
+    channel: str
+    bot_mode: Literal["bot", "human"]
+    handoff_reason: str | None
+    preview: str | None
+    last_message_at: datetime | None
+    created_at: datetime
+
+
+class ConversationList(StrictModel):
+    """The tenant's conversations, the most recent first."""
+
+    conversations: list[ConversationOut]
+
+
+class ConversationDetail(StrictModel):
+    """One conversation and its messages in order."""
+
+    conversation: ConversationOut
+    messages: list[MessageOut]
+
+
+class ModeBody(StrictModel):
+    """`human` takes the conversation over (the bot stops answering); `bot` hands it back."""
+
+    bot_mode: Literal["bot", "human"]
+
+
+def inbox_routes(
+    inbox: PostgresInbox,
+    *,
+    channels: InboxChannels,
+    tokens: ContactTokens,
+    widget_tenant: str | None = None,
+    prefix: str = "/api/inbox",
+) -> list[Route]:
+    """The inbox's routes (see the module). `widget_tenant` lets anyone open a widget conversation in
+    that tenant; leave it None when the application issues contact tokens itself (`ContactTokens`)."""
+
+    def channel_secret(request: Request, context: RequestContext) -> None:
+        """Before the body is read: the channel's secret, or 401."""
+        channels.authenticate(context.params.get("channel"), _bearer(request, ChannelUnauthorizedError))
+
+    def contact_token(request: Request, context: RequestContext) -> None:
+        _contact(request, tokens)
+
+    @operation(body=InboundBody, responses={200: InboundOut}, errors=(401, 409))
+    async def receive(request: Request, context: RequestContext, *, body: InboundBody) -> Response:
+        """A contact's message from a channel adapter, stored once per message id."""
+        channel = channels.authenticate(
+            context.params.get("channel"), _bearer(request, ChannelUnauthorizedError)
+        )
+        inbound = await inbox.record_inbound(
+            channel,
+            thread_id=body.thread_id or body.contact.id,
+            contact_id=body.contact.id,
+            contact_name=body.contact.name,
+            external_id=body.message.id,
+            text=body.message.text,
+        )
+        return json_response(
+            InboundOut(
+                conversation_id=inbound.conversation_id,
+                message_id=inbound.message_id,
+                duplicate=inbound.duplicate,
+            )
+        )
+
+    @operation(body=WidgetOpenBody, body_required=False, responses={201: WidgetSession}, errors=(404,))
+    async def open_widget(request: Request, context: RequestContext, *, body: WidgetOpenBody) -> Response:
+        """Open a conversation for a new visitor and sign its contact token."""
+        if widget_tenant is None:
+            raise NotFoundError()
+        contact = await inbox.open_widget_conversation(
+            widget_tenant, contact_id=f"visitor-{secrets.token_hex(12)}", contact_name=body.name
+        )
+        session = WidgetSession(token=tokens.issue(contact), conversation_id=contact.conversation_id)
+        return json_response(session, status_code=201)
+
+    @operation(responses={200: WidgetConversation}, errors=(401, 404))
+    async def widget_messages(request: Request, context: RequestContext) -> Response:
+        """The contact's conversation."""
+        mode, messages = await inbox.contact_messages(_contact(request, tokens))
+        return json_response(WidgetConversation(bot_mode=mode, messages=[_message(m) for m in messages]))
+
+    @operation(body=SendBody, responses={200: SentOut}, errors=(401, 404))
+    async def widget_send(request: Request, context: RequestContext, *, body: SendBody) -> Response:
+        """The contact's message; the bot answers it while the conversation is in bot mode."""
+        sent = await inbox.send_as_contact(
+            _contact(request, tokens),
+            body.text,
+            client_message_id=body.client_message_id or secrets.token_hex(16),
+        )
+        return json_response(SentOut(message_id=sent.message_id, duplicate=sent.duplicate))
+
+    @operation(responses={200: ConversationList})
+    async def list_conversations(request: Request, context: RequestContext) -> Response:
+        """The caller's tenant's inbox."""
+        listed = await inbox.list_conversations(_staff(context))
+        return json_response(ConversationList(conversations=[_conversation(c) for c in listed]))
+
+    @operation(responses={200: ConversationDetail}, errors=(400, 404))
+    async def get_conversation(request: Request, context: RequestContext) -> Response:
+        """One conversation of the caller's tenant, with its messages."""
+        staff, conversation_id = _staff(context), str(context.params.get("conversation_id"))
+        conversation = await inbox.get_conversation(staff, conversation_id)
+        messages = await inbox.list_messages(staff, conversation_id)
+        return json_response(
+            ConversationDetail(
+                conversation=_conversation(conversation), messages=[_message(m) for m in messages]
+            )
+        )
+
+    @operation(body=ModeBody, responses={200: ConversationOut}, errors=(404,))
+    async def set_mode(request: Request, context: RequestContext, *, body: ModeBody) -> Response:
+        """Take the conversation over, or hand it back to the bot."""
+        conversation = await inbox.set_bot_mode(
+            _staff(context), str(context.params.get("conversation_id")), body.bot_mode
+        )
+        return json_response(_conversation(conversation))
+
+    @operation(body=SendBody, responses={201: MessageOut}, errors=(404,))
+    async def reply(request: Request, context: RequestContext, *, body: SendBody) -> Response:
+        """Reply as staff."""
+        message = await inbox.reply_as_staff(
+            _staff(context),
+            str(context.params.get("conversation_id")),
+            body.text,
+            client_message_id=body.client_message_id,
+        )
+        return json_response(_message(message), status_code=201)
+
+    conversation = f"{prefix}/conversations/{{conversation_id}}"
+    return [
+        Route(
+            method="POST",
+            path=f"{prefix}/channels/{{channel}}/messages",
+            auth="none",
+            handler=receive,
+            authorize=channel_secret,
+        ),
+        Route(method="POST", path=f"{prefix}/widget/conversations", auth="none", handler=open_widget),
+        Route(
+            method="GET",
+            path=f"{prefix}/widget/messages",
+            auth="none",
+            handler=widget_messages,
+            authorize=contact_token,
+        ),
+        Route(
+            method="POST",
+            path=f"{prefix}/widget/messages",
+            auth="none",
+            handler=widget_send,
+            authorize=contact_token,
+        ),
+        Route(method="GET", path=f"{prefix}/conversations", auth="user", handler=list_conversations),
+        Route(method="GET", path=conversation, auth="user", handler=get_conversation),
+        Route(method="PUT", path=f"{conversation}/mode", auth="user", handler=set_mode),
+        Route(method="POST", path=f"{conversation}/messages", auth="user", handler=reply),
+    ]
+
+
+def _bearer(request: Request, error: type[ChannelUnauthorizedError] | type[ContactTokenError]) -> str:
+    try:
+        return bearer_token(request.headers.get("authorization"))
+    except AuthenticationError:
+        raise error() from None
+
+
+def _contact(request: Request, tokens: ContactTokens) -> ContactPrincipal:
+    return tokens.verify(_bearer(request, ContactTokenError))
+
+
+def _staff(context: RequestContext) -> StoreIdentity:
+    if context.principal is None:
+        raise RuntimeError("A staff route ran without a verified principal.")
+    return StoreIdentity.from_principal(context.principal)
+
+
+def _message(message: InboxMessage) -> MessageOut:
+    return MessageOut(
+        id=message.id,
+        author=message.author,
+        text=message.body,
+        created_at=message.created_at,
+        reply_to=message.reply_to,
+    )
+
+
+def _conversation(conversation: InboxConversation) -> ConversationOut:
+    return ConversationOut(
+        id=conversation.id,
+        contact_name=conversation.contact_name,
+        channel=conversation.channel,
+        bot_mode=conversation.bot_mode,
+        handoff_reason=conversation.handoff_reason,
+        preview=conversation.preview,
+        last_message_at=conversation.last_message_at,
+        created_at=conversation.created_at,
+    )
