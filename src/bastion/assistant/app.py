@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -47,7 +48,9 @@ from bastion.assistant.schemas import (
     Health,
     Info,
 )
+from bastion.assistant.support import INBOX_TENANT, inbox_staff, support_agent
 from bastion.auth import Principal, SupabaseEnv, TokenVerifier
+from bastion.inbox import ContactTokens, InboxChannels, InboxReplies, PostgresInbox, inbox_routes
 from bastion.memory import (
     AgentMemory,
     Embedder,
@@ -94,6 +97,7 @@ class AssistantApp:
     user_credentials: UserCredentials | None = None
     embedder: Embedder | None = None
     versioning: ApiVersioning = field(default_factory=ApiVersioning)
+    inbox_secret: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
     agent: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -116,6 +120,10 @@ class AssistantApp:
             usage_metadata=True,
         )
         self.persistence = self.chat.persistence
+        # The support inbox: its bot's replies run as durable jobs once `inbox_replies.start(engine)`.
+        self.inbox = PostgresInbox(self.store)
+        self.inbox_replies = InboxReplies(self.inbox, agent=support_agent(), model=self._active_model)
+        self.contact_tokens = ContactTokens(self.inbox_secret)
 
     @property
     def active_model(self) -> Model:
@@ -126,6 +134,7 @@ class AssistantApp:
     def active_model(self, model: Model) -> None:
         self._active_model = model
         self.chat.model = model
+        self.inbox_replies.model = model
 
     def asgi(self, *, lifespan: Any = None) -> Any:
         verifier = TokenVerifier(self.env)
@@ -335,6 +344,16 @@ class AssistantApp:
         )
         return _static("index.html", policy=policy)
 
+    @operation(responses={200: PlainBody("The support widget's demo page", ("text/html",))})
+    async def widget_page(self, request: Request, context: RequestContext) -> Response:
+        """A demo page where a visitor talks to the support inbox as a contact."""
+        policy = (
+            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+            "frame-ancestors 'none'"
+        )
+        return _static("widget.html", policy=policy)
+
     @operation(
         responses={200: PlainBody("A script, style sheet, icon or page", tuple(STATIC_TYPES.values()))},
         errors=(404,),
@@ -405,7 +424,15 @@ def build_routes(app: AssistantApp) -> list[Route]:
                 ("GET", "/auth/v1/settings", app.auth_settings),
             )
         ),
+        *inbox_routes(
+            app.inbox,
+            channels=InboxChannels(),
+            tokens=app.contact_tokens,
+            widget_tenant=INBOX_TENANT if app.development_sign_in is not None else None,
+            staff=inbox_staff,
+        ),
         Route(method="GET", path="/", auth="none", handler=app.page),
+        Route(method="GET", path="/widget", auth="none", handler=app.widget_page),
         Route(method="GET", path="/static/{name}", auth="none", handler=app.static),
     ]
 

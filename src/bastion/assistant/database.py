@@ -18,6 +18,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bastion._extras import missing_extra
 from bastion.durable import migrate_durable
+from bastion.inbox import apply_inbox_migrations
 from bastion.memory import apply_memory_migrations
 from bastion.stores import (
     ApplicationRoleError,
@@ -102,9 +103,11 @@ async def _check_reachable(conninfo: str) -> None:
 
 
 async def migrate(database: Database, *, grant_app_role: bool = True) -> list[str]:
-    """Apply bastion's, memory's and the assistant's migrations, then (by default) grant the app's role."""
+    """Apply bastion's, memory's, the inbox's and the assistant's migrations, then (by default) grant
+    the app's role."""
     applied = [f"bastion {version:04d}" for version in await apply_migrations(database.admin_conninfo)]
     applied += [f"memory {version:04d}" for version in await apply_memory_migrations(database.admin_conninfo)]
+    applied += [f"inbox {version:04d}" for version in await apply_inbox_migrations(database.admin_conninfo)]
     notes = available_migrations("bastion.assistant", "migrations")
     applied += [
         f"assistant {version:04d}"

@@ -75,6 +75,8 @@ def _choose_tool(text: str, offered: set[str]) -> tuple[str, dict[str, Any]] | N
         return "load_skill", {"name": "note-writing"}
     if says(r"\bnotes\b") and "list_notes" in offered:
         return "list_notes", {}
+    if (says(r"\bhuman\b") or says(r"\bperson\b")) and "handoff_to_human" in offered:
+        return "handoff_to_human", {"reason": "The contact asked for a person."}
     search = re.match(r"^search\s+(.+)$", text, flags=re.IGNORECASE)
     remote_search = sorted(name for name in offered if name.endswith("__search"))
     if search and remote_search:

@@ -27,6 +27,7 @@ from bastion.assistant.remote import (
     remote_tools,
 )
 from bastion.auth import SupabaseEnv
+from bastion.durable import DurableEngine
 from bastion.stores import PostgresStore
 
 __all__ = ["RunningAssistant", "development_sign_in", "running_assistant", "serve", "supabase_env"]
@@ -129,7 +130,13 @@ async def running_assistant(
             purged = await app.memory_store.purge()
             if purged:
                 progress(f"Purged {purged} expired memory operation records.")
-            yield RunningAssistant(app=app, database=database, asgi=app.asgi())
+            # The support inbox's bot replies run as durable jobs on this process's DBOS.
+            async with await DurableEngine.launch(database.app_conninfo) as engine:
+                await app.inbox_replies.start(engine)
+                try:
+                    yield RunningAssistant(app=app, database=database, asgi=app.asgi())
+                finally:
+                    app.inbox_replies.stop()
         finally:
             await store.close()
     finally:

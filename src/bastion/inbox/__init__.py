@@ -20,7 +20,12 @@ from bastion.inbox.entities import (
     InboxMessage,
     ReplyOutcome,
 )
-from bastion.inbox.errors import ChannelUnauthorizedError, ContactTokenError, ThreadConflictError
+from bastion.inbox.errors import (
+    ChannelUnauthorizedError,
+    ContactTokenError,
+    NotInboxStaffError,
+    ThreadConflictError,
+)
 from bastion.inbox.principal import CONTACT_ROLE, ContactPrincipal
 from bastion.inbox.replies import REPLY_QUEUE, REPLY_WORKFLOW, InboxReplies, JobOutcome, reply_job_id
 from bastion.inbox.routes import inbox_routes
@@ -46,6 +51,7 @@ __all__ = [
     "InboxReplies",
     "InboxTurn",
     "JobOutcome",
+    "NotInboxStaffError",
     "PostgresInbox",
     "ReplyJob",
     "ReplyOutcome",

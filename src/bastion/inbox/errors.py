@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from bastion.errors import BastionError
 
-__all__ = ["ChannelUnauthorizedError", "ContactTokenError", "ThreadConflictError"]
+__all__ = ["ChannelUnauthorizedError", "ContactTokenError", "NotInboxStaffError", "ThreadConflictError"]
 
 
 class ChannelUnauthorizedError(BastionError):
@@ -37,3 +37,13 @@ class ThreadConflictError(BastionError):
 
     def __init__(self) -> None:
         super().__init__("This thread belongs to another contact.")
+
+
+class NotInboxStaffError(BastionError):
+    """The signed-in user staffs no inbox here."""
+
+    code: ClassVar[str] = "not_inbox_staff"
+    status: ClassVar[int] = 403
+
+    def __init__(self) -> None:
+        super().__init__("You do not staff this inbox.")

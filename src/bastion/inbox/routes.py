@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -21,10 +22,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from bastion.api import StrictModel, json_response, operation
-from bastion.auth import AuthenticationError, bearer_token
+from bastion.auth import AuthenticationError, Principal, bearer_token
 from bastion.inbox.channels import InboxChannels
 from bastion.inbox.entities import InboxConversation, InboxMessage
-from bastion.inbox.errors import ChannelUnauthorizedError, ContactTokenError
+from bastion.inbox.errors import ChannelUnauthorizedError, ContactTokenError, NotInboxStaffError
 from bastion.inbox.principal import ContactPrincipal
 from bastion.inbox.store import MAX_MESSAGE_LENGTH, PostgresInbox
 from bastion.inbox.tokens import ContactTokens
@@ -143,10 +144,21 @@ def inbox_routes(
     channels: InboxChannels,
     tokens: ContactTokens,
     widget_tenant: str | None = None,
+    staff: Callable[[Principal], StoreIdentity | None] = StoreIdentity.from_principal,
     prefix: str = "/api/inbox",
 ) -> list[Route]:
     """The inbox's routes (see the module). `widget_tenant` lets anyone open a widget conversation in
-    that tenant; leave it None when the application issues contact tokens itself (`ContactTokens`)."""
+    that tenant; leave it None when the application issues contact tokens itself (`ContactTokens`).
+    `staff(principal)` is the identity a signed-in user staffs the inbox as (by default their own,
+    in their token's tenant); None refuses them (403)."""
+
+    def _staff(context: RequestContext) -> StoreIdentity:
+        if context.principal is None:
+            raise RuntimeError("A staff route ran without a verified principal.")
+        identity = staff(context.principal)
+        if identity is None:
+            raise NotInboxStaffError()
+        return identity
 
     def channel_secret(request: Request, context: RequestContext) -> None:
         """Before the body is read: the channel's secret, or 401."""
@@ -204,13 +216,13 @@ def inbox_routes(
         )
         return json_response(SentOut(message_id=sent.message_id, duplicate=sent.duplicate))
 
-    @operation(responses={200: ConversationList})
+    @operation(responses={200: ConversationList}, errors=(403,))
     async def list_conversations(request: Request, context: RequestContext) -> Response:
         """The caller's tenant's inbox."""
         listed = await inbox.list_conversations(_staff(context))
         return json_response(ConversationList(conversations=[_conversation(c) for c in listed]))
 
-    @operation(responses={200: ConversationDetail}, errors=(400, 404))
+    @operation(responses={200: ConversationDetail}, errors=(400, 403, 404))
     async def get_conversation(request: Request, context: RequestContext) -> Response:
         """One conversation of the caller's tenant, with its messages."""
         staff, conversation_id = _staff(context), str(context.params.get("conversation_id"))
@@ -222,7 +234,7 @@ def inbox_routes(
             )
         )
 
-    @operation(body=ModeBody, responses={200: ConversationOut}, errors=(404,))
+    @operation(body=ModeBody, responses={200: ConversationOut}, errors=(403, 404))
     async def set_mode(request: Request, context: RequestContext, *, body: ModeBody) -> Response:
         """Take the conversation over, or hand it back to the bot."""
         conversation = await inbox.set_bot_mode(
@@ -230,7 +242,7 @@ def inbox_routes(
         )
         return json_response(_conversation(conversation))
 
-    @operation(body=SendBody, responses={201: MessageOut}, errors=(404,))
+    @operation(body=SendBody, responses={201: MessageOut}, errors=(403, 404))
     async def reply(request: Request, context: RequestContext, *, body: SendBody) -> Response:
         """Reply as staff."""
         message = await inbox.reply_as_staff(
@@ -281,12 +293,6 @@ def _bearer(request: Request, error: type[ChannelUnauthorizedError] | type[Conta
 
 def _contact(request: Request, tokens: ContactTokens) -> ContactPrincipal:
     return tokens.verify(_bearer(request, ContactTokenError))
-
-
-def _staff(context: RequestContext) -> StoreIdentity:
-    if context.principal is None:
-        raise RuntimeError("A staff route ran without a verified principal.")
-    return StoreIdentity.from_principal(context.principal)
 
 
 def _message(message: InboxMessage) -> MessageOut:
