@@ -15,8 +15,18 @@ export default defineConfig({
     chunkSizeWarningLimit: 2000,
     modulePreload: { polyfill: false },
     rollupOptions: {
+      // The chat page, and the support widget's demo page.
+      input: {
+        index: fileURLToPath(new URL('index.html', import.meta.url)),
+        widget: fileURLToPath(new URL('widget.html', import.meta.url)),
+      },
       output: {
-        entryFileNames: 'app.js',
+        entryFileNames: chunk => (chunk.name === 'index' ? 'app.js' : '[name].js'),
+        // What both pages use (React, the API helper, the styles) is one file with a fixed name.
+        manualChunks: id =>
+          /node_modules\/(react|react-dom|scheduler)\/|\/src\/(api\.js|styles\.css|inbox\.css)$/.test(id)
+            ? 'shared'
+            : undefined,
         chunkFileNames: '[name].js',
         assetFileNames: '[name][extname]',
       },

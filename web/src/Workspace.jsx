@@ -1,6 +1,7 @@
 import { useCallback, useEffect, useMemo, useRef, useState } from 'react';
 import { describeError, makeApi } from './api.js';
 import Chat from './Chat.jsx';
+import InboxView from './InboxView.jsx';
 import { Menu } from './icons.jsx';
 import MemoryPanel from './MemoryPanel.jsx';
 import Sidebar from './Sidebar.jsx';
@@ -34,6 +35,8 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
   const [memories, setMemories] = useState(null);
   const [memoryProblem, setMemoryProblem] = useState('');
   const [memoryOpen, setMemoryOpen] = useState(false);
+  // The chat, or the support inbox's staff view.
+  const [inboxOpen, setInboxOpen] = useState(false);
 
   // A refused token ends the session here as it does in the chat.
   const report = useCallback(
@@ -222,6 +225,9 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
         <span className="user-name" id="user-name-shown">
           {name}
         </span>
+        <button type="button" id="inbox-button" aria-pressed={inboxOpen} onClick={() => setInboxOpen(value => !value)}>
+          {inboxOpen ? 'Chat' : 'Inbox'}
+        </button>
         <button
           type="button"
           id="memory-button"
@@ -261,7 +267,8 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
             </button>
           </div>
         )}
-        {current && (
+        {inboxOpen && <InboxView api={api} onSessionEnded={onSignOut} />}
+        {current && !inboxOpen && (
           <Chat
             key={current.id}
             conversation={current}
