@@ -32,3 +32,11 @@ async def test_the_memory_recall_benchmark_runs_on_a_tiny_corpus() -> None:
     lines = await bench.run(memories=200, users=4, chunks=40, tenants=2, dimensions=8, samples=2, turns=1)
     assert any(line.startswith("| memories: bastion") and "5.00 of 5" in line for line in lines)
     assert lines[-1].startswith("A turn with memory off")
+
+
+async def test_the_inbox_reply_benchmark_answers_every_message() -> None:
+    bench = load("inbox_replies")
+    lines = await bench.run(conversations=2, messages=2)
+    assert lines[2].startswith("| durable:") and lines[2].endswith("| 4 |")
+    assert lines[3].startswith("| direct:") and lines[3].endswith("| 4 |")
+    assert lines[-1].startswith("Durable over direct")
