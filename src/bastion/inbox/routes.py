@@ -38,29 +38,29 @@ Name = Annotated[str, Field(min_length=1, max_length=200)]
 Text = Annotated[str, Field(min_length=1, max_length=MAX_MESSAGE_LENGTH)]
 
 
-class ChannelContact(StrictModel):
+class InboxChannelContact(StrictModel):
     """Who wrote, as the channel knows them."""
 
     id: Name
     name: Name | None = None
 
 
-class ChannelMessage(StrictModel):
+class InboxChannelMessage(StrictModel):
     """The message: its id on the channel (the idempotency key) and its text."""
 
     id: Name
     text: Text
 
 
-class InboundBody(StrictModel):
+class InboxInboundBody(StrictModel):
     """A message a channel adapter delivers; `thread_id` defaults to the contact's id."""
 
-    contact: ChannelContact
-    message: ChannelMessage
+    contact: InboxChannelContact
+    message: InboxChannelMessage
     thread_id: Name | None = None
 
 
-class InboundOut(StrictModel):
+class InboxInboundOut(StrictModel):
     """Where the message went; `duplicate` when its id was delivered before (nothing new stored)."""
 
     conversation_id: str
@@ -68,20 +68,20 @@ class InboundOut(StrictModel):
     duplicate: bool
 
 
-class WidgetOpenBody(StrictModel):
+class InboxWidgetOpen(StrictModel):
     """The visitor's display name, if they gave one."""
 
     name: Name | None = None
 
 
-class WidgetSession(StrictModel):
+class InboxWidgetSession(StrictModel):
     """A contact token for one new conversation."""
 
     token: str
     conversation_id: str
 
 
-class MessageOut(StrictModel):
+class InboxMessageOut(StrictModel):
     id: str
     author: Literal["contact", "bot", "staff"]
     text: str
@@ -89,26 +89,26 @@ class MessageOut(StrictModel):
     reply_to: str | None
 
 
-class WidgetConversation(StrictModel):
+class InboxWidgetConversation(StrictModel):
     """The contact's conversation: who answers now (`bot` or `human`) and its messages in order."""
 
     bot_mode: Literal["bot", "human"]
-    messages: list[MessageOut]
+    messages: list[InboxMessageOut]
 
 
-class SendBody(StrictModel):
+class InboxSendBody(StrictModel):
     """A message; `client_message_id` makes a retried send store it once."""
 
     text: Text
     client_message_id: Name | None = None
 
 
-class SentOut(StrictModel):
+class InboxSentOut(StrictModel):
     message_id: str
     duplicate: bool
 
 
-class ConversationOut(StrictModel):
+class InboxConversationOut(StrictModel):
     id: str
     contact_name: str | None
     channel: str
@@ -119,20 +119,20 @@ class ConversationOut(StrictModel):
     created_at: datetime
 
 
-class ConversationList(StrictModel):
+class InboxConversationList(StrictModel):
     """The tenant's conversations, the most recent first."""
 
-    conversations: list[ConversationOut]
+    conversations: list[InboxConversationOut]
 
 
-class ConversationDetail(StrictModel):
+class InboxConversationDetail(StrictModel):
     """One conversation and its messages in order."""
 
-    conversation: ConversationOut
-    messages: list[MessageOut]
+    conversation: InboxConversationOut
+    messages: list[InboxMessageOut]
 
 
-class ModeBody(StrictModel):
+class InboxModeBody(StrictModel):
     """`human` takes the conversation over (the bot stops answering); `bot` hands it back."""
 
     bot_mode: Literal["bot", "human"]
@@ -167,8 +167,8 @@ def inbox_routes(
     def contact_token(request: Request, context: RequestContext) -> None:
         _contact(request, tokens)
 
-    @operation(body=InboundBody, responses={200: InboundOut}, errors=(401, 409))
-    async def receive(request: Request, context: RequestContext, *, body: InboundBody) -> Response:
+    @operation(body=InboxInboundBody, responses={200: InboxInboundOut}, errors=(401, 409))
+    async def receive(request: Request, context: RequestContext, *, body: InboxInboundBody) -> Response:
         """A contact's message from a channel adapter, stored once per message id."""
         channel = channels.authenticate(
             context.params.get("channel"), _bearer(request, ChannelUnauthorizedError)
@@ -182,68 +182,68 @@ def inbox_routes(
             text=body.message.text,
         )
         return json_response(
-            InboundOut(
+            InboxInboundOut(
                 conversation_id=inbound.conversation_id,
                 message_id=inbound.message_id,
                 duplicate=inbound.duplicate,
             )
         )
 
-    @operation(body=WidgetOpenBody, body_required=False, responses={201: WidgetSession}, errors=(404,))
-    async def open_widget(request: Request, context: RequestContext, *, body: WidgetOpenBody) -> Response:
+    @operation(body=InboxWidgetOpen, body_required=False, responses={201: InboxWidgetSession}, errors=(404,))
+    async def open_widget(request: Request, context: RequestContext, *, body: InboxWidgetOpen) -> Response:
         """Open a conversation for a new visitor and sign its contact token."""
         if widget_tenant is None:
             raise NotFoundError()
         contact = await inbox.open_widget_conversation(
             widget_tenant, contact_id=f"visitor-{secrets.token_hex(12)}", contact_name=body.name
         )
-        session = WidgetSession(token=tokens.issue(contact), conversation_id=contact.conversation_id)
+        session = InboxWidgetSession(token=tokens.issue(contact), conversation_id=contact.conversation_id)
         return json_response(session, status_code=201)
 
-    @operation(responses={200: WidgetConversation}, errors=(401, 404))
+    @operation(responses={200: InboxWidgetConversation}, errors=(401, 404))
     async def widget_messages(request: Request, context: RequestContext) -> Response:
         """The contact's conversation."""
         mode, messages = await inbox.contact_messages(_contact(request, tokens))
-        return json_response(WidgetConversation(bot_mode=mode, messages=[_message(m) for m in messages]))
+        return json_response(InboxWidgetConversation(bot_mode=mode, messages=[_message(m) for m in messages]))
 
-    @operation(body=SendBody, responses={200: SentOut}, errors=(401, 404))
-    async def widget_send(request: Request, context: RequestContext, *, body: SendBody) -> Response:
+    @operation(body=InboxSendBody, responses={200: InboxSentOut}, errors=(401, 404))
+    async def widget_send(request: Request, context: RequestContext, *, body: InboxSendBody) -> Response:
         """The contact's message; the bot answers it while the conversation is in bot mode."""
         sent = await inbox.send_as_contact(
             _contact(request, tokens),
             body.text,
             client_message_id=body.client_message_id or secrets.token_hex(16),
         )
-        return json_response(SentOut(message_id=sent.message_id, duplicate=sent.duplicate))
+        return json_response(InboxSentOut(message_id=sent.message_id, duplicate=sent.duplicate))
 
-    @operation(responses={200: ConversationList}, errors=(403,))
+    @operation(responses={200: InboxConversationList}, errors=(403,))
     async def list_conversations(request: Request, context: RequestContext) -> Response:
         """The caller's tenant's inbox."""
         listed = await inbox.list_conversations(_staff(context))
-        return json_response(ConversationList(conversations=[_conversation(c) for c in listed]))
+        return json_response(InboxConversationList(conversations=[_conversation(c) for c in listed]))
 
-    @operation(responses={200: ConversationDetail}, errors=(400, 403, 404))
+    @operation(responses={200: InboxConversationDetail}, errors=(400, 403, 404))
     async def get_conversation(request: Request, context: RequestContext) -> Response:
         """One conversation of the caller's tenant, with its messages."""
         staff, conversation_id = _staff(context), str(context.params.get("conversation_id"))
         conversation = await inbox.get_conversation(staff, conversation_id)
         messages = await inbox.list_messages(staff, conversation_id)
         return json_response(
-            ConversationDetail(
+            InboxConversationDetail(
                 conversation=_conversation(conversation), messages=[_message(m) for m in messages]
             )
         )
 
-    @operation(body=ModeBody, responses={200: ConversationOut}, errors=(403, 404))
-    async def set_mode(request: Request, context: RequestContext, *, body: ModeBody) -> Response:
+    @operation(body=InboxModeBody, responses={200: InboxConversationOut}, errors=(403, 404))
+    async def set_mode(request: Request, context: RequestContext, *, body: InboxModeBody) -> Response:
         """Take the conversation over, or hand it back to the bot."""
         conversation = await inbox.set_bot_mode(
             _staff(context), str(context.params.get("conversation_id")), body.bot_mode
         )
         return json_response(_conversation(conversation))
 
-    @operation(body=SendBody, responses={201: MessageOut}, errors=(403, 404))
-    async def reply(request: Request, context: RequestContext, *, body: SendBody) -> Response:
+    @operation(body=InboxSendBody, responses={201: InboxMessageOut}, errors=(403, 404))
+    async def reply(request: Request, context: RequestContext, *, body: InboxSendBody) -> Response:
         """Reply as staff."""
         message = await inbox.reply_as_staff(
             _staff(context),
@@ -295,8 +295,8 @@ def _contact(request: Request, tokens: ContactTokens) -> ContactPrincipal:
     return tokens.verify(_bearer(request, ContactTokenError))
 
 
-def _message(message: InboxMessage) -> MessageOut:
-    return MessageOut(
+def _message(message: InboxMessage) -> InboxMessageOut:
+    return InboxMessageOut(
         id=message.id,
         author=message.author,
         text=message.body,
@@ -305,8 +305,8 @@ def _message(message: InboxMessage) -> MessageOut:
     )
 
 
-def _conversation(conversation: InboxConversation) -> ConversationOut:
-    return ConversationOut(
+def _conversation(conversation: InboxConversation) -> InboxConversationOut:
+    return InboxConversationOut(
         id=conversation.id,
         contact_name=conversation.contact_name,
         channel=conversation.channel,
