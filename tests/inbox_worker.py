@@ -1,7 +1,8 @@
 """A worker process for the inbox's crash test: runs the bot's reply jobs on its own DBOS until killed.
 
 `python -m tests.inbox_worker hang` records each model request in `public.inbox_model_calls` and never
-answers (the process is killed mid-turn); `echo` records and answers like `EchoModel`.
+answers (the process is killed mid-turn); `echo` records and answers like `EchoModel`; `post-hang`
+answers, posts the reply, then hangs before the job can record that it posted (killed there).
 """
 
 from __future__ import annotations
@@ -47,10 +48,20 @@ def _model(mode: str, dsn: str) -> FunctionModel:
     return FunctionModel(stream_function=stream)
 
 
+class PostThenHang(PostgresInbox):
+    """Posts the bot's reply, then never returns: the step's outcome is not checkpointed."""
+
+    async def post_bot_reply(self, contact: Any, message_id: str, text: str, *, job_id: str) -> Any:
+        await super().post_bot_reply(contact, message_id, text, job_id=job_id)
+        print("posted", flush=True)
+        await asyncio.Event().wait()
+
+
 async def main(mode: str) -> None:
     dsn = os.environ["BASTION_TEST_APP_DSN"]
     store = await PostgresStore.open(dsn, max_size=4)
-    replies = InboxReplies(PostgresInbox(store), agent=support_agent(), model=_model(mode, dsn))
+    inbox = PostThenHang(store) if mode == "post-hang" else PostgresInbox(store)
+    replies = InboxReplies(inbox, agent=support_agent(), model=_model(mode, dsn))
     engine = await DurableEngine.launch(dsn, recovery_interval=0.2)
     await replies.start(engine)
     print("started", engine.executor_id, flush=True)

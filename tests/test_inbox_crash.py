@@ -1,5 +1,5 @@
-"""A reply job whose worker is SIGKILLed mid-turn is finished by another worker, and the contact gets
-exactly one reply."""
+"""A reply job whose worker is SIGKILLed mid-turn, or right after posting, is finished by another worker,
+and the contact gets exactly one reply."""
 
 from __future__ import annotations
 
@@ -91,6 +91,43 @@ async def test_a_reply_killed_mid_turn_is_finished_elsewhere_and_posted_once(
             ("bot", "Re: Are you there?"),
         ]
         assert (_calls(inbox_database, dying), _calls(inbox_database, living)) == (1, 1)
+    finally:
+        for child in (first, second):
+            if child is not None and child.returncode is None:
+                child.send_signal(signal.SIGKILL)
+                await child.wait()
+
+
+async def test_a_reply_killed_after_posting_is_not_posted_again(
+    inbox: PostgresInbox, inbox_database: InboxDatabase
+) -> None:
+    with psycopg.connect(inbox_database.admin_dsn, autocommit=True) as conn:
+        conn.execute(CALLS_TABLE)
+    InboxReplies(inbox, agent=support_agent(), model=EchoModel().model())
+    dying, living = f"posting-{uuid.uuid4().hex[:6]}", f"living-{uuid.uuid4().hex[:6]}"
+    first = await _worker(inbox_database, "post-hang", dying)
+    second: asyncio.subprocess.Process | None = None
+    try:
+        tenant = new_tenant()
+        message = await inbox.record_inbound(
+            channel_of(tenant), thread_id="t", contact_id="ada", text="Hello", external_id="m1"
+        )
+        job = reply_job_id(message.message_id, message.seq)
+        assert first.stdout is not None
+        assert await asyncio.wait_for(first.stdout.readline(), 60) == b"posted\n"
+        first.send_signal(signal.SIGKILL)
+        await first.wait()
+        second = await _worker(inbox_database, "echo", living)
+        await _until(lambda: _status(inbox_database, job) == "SUCCESS", "the job was never finished")
+        with psycopg.connect(inbox_database.admin_dsn) as conn:
+            [(outcome,)] = conn.execute(
+                "select output from dbos.workflow_output where workflow_uuid = %s", (job,)
+            ).fetchall()
+        assert "duplicate" in outcome
+        messages = await inbox.list_messages(staff_of(tenant), message.conversation_id)
+        assert [(m.author, m.body) for m in messages] == [("contact", "Hello"), ("bot", "Re: Hello")]
+        # The turn was checkpointed before the post: the second worker did not call the model again.
+        assert (_calls(inbox_database, dying), _calls(inbox_database, living)) == (1, 0)
     finally:
         for child in (first, second):
             if child is not None and child.returncode is None:
