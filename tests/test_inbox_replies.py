@@ -18,6 +18,7 @@ from bastion import AgentTools, ToolPolicy, define_agent, tool
 from bastion.credentials import CredentialRef, InMemoryCredentialProvider, credential_auth
 from bastion.durable import DurableEngine
 from bastion.inbox import (
+    ContactPrincipal,
     InboundMessage,
     InboxReplies,
     InboxTurn,
@@ -91,6 +92,32 @@ async def test_bot_mode_answers_as_the_contact(
         ("bot", "Re: Where is my order?"),
     ]
     assert echo.seen == [("Where is my order?", ["handoff_to_human"])]
+
+
+async def test_routing_a_message_again_is_the_same_job(
+    inbox: PostgresInbox,
+    inbox_store: PostgresStore,
+    inbox_database: InboxDatabase,
+    replies: InboxReplies,
+    echo: EchoModel,
+) -> None:
+    tenant = new_tenant()
+    message = await _arrive(inbox, tenant, "Once only")
+    assert await _outcome(message) == "posted"
+    contact = ContactPrincipal(
+        tenant_id=tenant, contact_id=message.contact_id, conversation_id=message.conversation_id
+    )
+    async with inbox_store.pool.connection() as conn:
+        await replies.route(conn, contact, message.message_id, seq=message.seq)
+    assert await _outcome(message) == "posted"
+    with psycopg.connect(inbox_database.admin_dsn) as conn:
+        jobs = conn.execute(
+            "select workflow_uuid, status from dbos.workflow_status where queue_partition_key = %s",
+            (message.conversation_id,),
+        ).fetchall()
+    assert jobs == [(reply_job_id(message.message_id, message.seq), "SUCCESS")]
+    assert await _conversation(inbox, tenant, message) == [("contact", "Once only"), ("bot", "Re: Once only")]
+    assert echo.seen == [("Once only", ["handoff_to_human"])]
 
 
 async def test_human_mode_never_answers_not_even_a_job_queued_before_the_handoff(
