@@ -139,7 +139,12 @@ async def test_a_contact_token_reaches_one_conversation(api: Api) -> None:
     assert [m["text"] for m in mine.json()["messages"]] == ["I am Ada"]
     # Bob's payload under Ada's signature, a user's token, nothing: none of them is a contact token.
     forged = bob["token"].split(".")[0] + "." + ada["token"].split(".")[1]
-    for headers in ({"Authorization": f"Bearer {forged}"}, api.staff(api.tenant), {}):
+    for headers in (
+        {"Authorization": f"Bearer {forged}"},
+        {"Authorization": "Bearer ñ.abcd".encode()},
+        api.staff(api.tenant),
+        {},
+    ):
         response = await api.http.get("/api/inbox/widget/messages", headers=headers)
         assert response.status_code == 401
         assert response.json()["code"] == "invalid_contact_token"

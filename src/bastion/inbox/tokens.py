@@ -13,6 +13,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Final
@@ -26,6 +27,7 @@ __all__ = ["ContactTokens"]
 _LABEL: Final = b"bastion.inbox.contact.v1\x00"
 _MIN_SECRET_BYTES: Final = 32
 _MAX_TOKEN_LENGTH: Final = 2048
+_SHAPE: Final = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 
 
 class ContactTokens:
@@ -58,7 +60,7 @@ class ContactTokens:
 
     def verify(self, token: object) -> ContactPrincipal:
         """The contact a valid token names; `ContactTokenError` for anything else."""
-        if not isinstance(token, str) or len(token) > _MAX_TOKEN_LENGTH or token.count(".") != 1:
+        if not isinstance(token, str) or len(token) > _MAX_TOKEN_LENGTH or not _SHAPE.fullmatch(token):
             raise ContactTokenError()
         encoded, mac = token.split(".")
         if not hmac.compare_digest(_decode(mac), self._mac(encoded)):
