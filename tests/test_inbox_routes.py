@@ -13,7 +13,14 @@ import psycopg
 import pytest
 
 from bastion.auth import SupabaseEnv
-from bastion.inbox import ContactTokens, InboxChannel, InboxChannels, PostgresInbox, inbox_routes
+from bastion.inbox import (
+    ContactPrincipal,
+    ContactTokens,
+    InboxChannel,
+    InboxChannels,
+    PostgresInbox,
+    inbox_routes,
+)
 from bastion.worker import create_agent_worker
 from tests.inbox_db import InboxDatabase, new_tenant, staff_of
 from tests.supabase_tokens import SigningKeys, es256, user_claims
@@ -173,3 +180,32 @@ async def test_staff_take_over_reply_and_hand_back_in_their_tenant_only(api: Api
         ("contact", "Hello"),
         ("staff", "A person here."),
     ]
+
+
+async def test_the_adapter_collects_what_the_bot_and_staff_wrote(api: Api, inbox: PostgresInbox) -> None:
+    delivered = (await api.deliver("Hello", message_id="m1")).json()
+    contact = ContactPrincipal(
+        tenant_id=api.tenant,
+        contact_id=(
+            await inbox.get_conversation(staff_of(api.tenant), delivered["conversation_id"])
+        ).contact_id,
+        conversation_id=delivered["conversation_id"],
+    )
+    await inbox.post_bot_reply(contact, delivered["message_id"], "Hi, I am the bot.", job_id="j1")
+    path = f"/api/inbox/conversations/{delivered['conversation_id']}/messages"
+    await api.http.post(path, json={"text": "And I am staff."}, headers=api.staff(api.tenant))
+    secret = {"Authorization": f"Bearer {api.channel.secret}"}
+    collected = await api.http.get("/api/inbox/channels/chat/messages", headers=secret)
+    items = collected.json()["messages"]
+    assert [(m["author"], m["text"], m["thread_id"], m["contact_id"]) for m in items] == [
+        ("bot", "Hi, I am the bot.", "ada", "ada"),
+        ("staff", "And I am staff.", "ada", "ada"),
+    ]
+    after = await api.http.get(
+        "/api/inbox/channels/chat/messages", params={"after": items[0]["seq"]}, headers=secret
+    )
+    assert [m["text"] for m in after.json()["messages"]] == ["And I am staff."]
+    other = {"Authorization": f"Bearer {api.other_channel.secret}"}
+    assert (await api.http.get("/api/inbox/channels/sms/messages", headers=other)).json()["messages"] == []
+    refused = await api.http.get("/api/inbox/channels/chat/messages", headers=other)
+    assert refused.status_code == 401

@@ -18,6 +18,7 @@ from bastion.inbox.entities import (
     InboundMessage,
     InboxConversation,
     InboxMessage,
+    OutboundMessage,
     ReplyOutcome,
 )
 from bastion.inbox.errors import (
@@ -52,6 +53,7 @@ __all__ = [
     "InboxTurn",
     "JobOutcome",
     "NotInboxStaffError",
+    "OutboundMessage",
     "PostgresInbox",
     "ReplyJob",
     "ReplyOutcome",

@@ -6,7 +6,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, TypeAlias
 
-__all__ = ["Author", "BotMode", "InboundMessage", "InboxConversation", "InboxMessage", "ReplyOutcome"]
+__all__ = [
+    "Author",
+    "BotMode",
+    "InboundMessage",
+    "InboxConversation",
+    "InboxMessage",
+    "OutboundMessage",
+    "ReplyOutcome",
+]
 
 BotMode: TypeAlias = Literal["bot", "human"]
 Author: TypeAlias = Literal["contact", "bot", "staff"]
@@ -58,3 +66,16 @@ class InboundMessage:
     def routed(self) -> bool:
         """Whether this message asks for a bot reply: new, in a conversation the bot answers."""
         return not self.duplicate and self.bot_mode == "bot"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboundMessage:
+    """A bot or staff message for a channel's adapter to deliver: to which thread and contact, and its
+    position (`seq`), from which the adapter asks for the next ones."""
+
+    seq: int
+    message_id: str
+    thread_id: str
+    contact_id: str
+    author: Author
+    body: str

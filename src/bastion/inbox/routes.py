@@ -3,6 +3,8 @@
 - `POST {prefix}/channels/{channel}/messages`: an adapter delivers a contact's message. The bearer
   secret is checked (in constant time) before the body is read: a wrong one is 401 and stores nothing.
   The tenant is the channel's; a message id seen before is stored once (`duplicate: true`).
+  `GET {prefix}/channels/{channel}/messages?after=<seq>`: what the bot and staff wrote since, for the
+  adapter to deliver (same secret).
 - `POST {prefix}/widget/conversations` (only with `widget_tenant`): a visitor opens a conversation and
   gets a contact token for it. `GET`/`POST {prefix}/widget/messages`: the conversation, read and
   written with that token (`Authorization: Bearer <contact token>`), one conversation per token.
@@ -66,6 +68,28 @@ class InboxInboundOut(StrictModel):
     conversation_id: str
     message_id: str
     duplicate: bool
+
+
+class InboxOutboundQuery(StrictModel):
+    """The position of the last message the adapter delivered (0 for the first call), and how many more."""
+
+    after: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
+    limit: Annotated[int, Field(ge=1, le=1000)] = 100
+
+
+class InboxOutboundOut(StrictModel):
+    seq: int
+    message_id: str
+    thread_id: str
+    contact_id: str
+    author: Literal["bot", "staff"]
+    text: str
+
+
+class InboxOutboundList(StrictModel):
+    """Messages to deliver, oldest first; ask again with `after` set to the last one's `seq`."""
+
+    messages: list[InboxOutboundOut]
 
 
 class InboxWidgetOpen(StrictModel):
@@ -189,6 +213,29 @@ def inbox_routes(
             )
         )
 
+    @operation(query=InboxOutboundQuery, responses={200: InboxOutboundList}, errors=(401,))
+    async def deliver(request: Request, context: RequestContext, *, query: InboxOutboundQuery) -> Response:
+        """What the bot and staff wrote in the channel's conversations, for the adapter to deliver."""
+        channel = channels.authenticate(
+            context.params.get("channel"), _bearer(request, ChannelUnauthorizedError)
+        )
+        found = await inbox.outbound(channel, after=query.after, limit=query.limit)
+        return json_response(
+            InboxOutboundList(
+                messages=[
+                    InboxOutboundOut(
+                        seq=item.seq,
+                        message_id=item.message_id,
+                        thread_id=item.thread_id,
+                        contact_id=item.contact_id,
+                        author=item.author,  # type: ignore[arg-type]
+                        text=item.body,
+                    )
+                    for item in found
+                ]
+            )
+        )
+
     @operation(body=InboxWidgetOpen, body_required=False, responses={201: InboxWidgetSession}, errors=(404,))
     async def open_widget(request: Request, context: RequestContext, *, body: InboxWidgetOpen) -> Response:
         """Open a conversation for a new visitor and sign its contact token."""
@@ -260,6 +307,13 @@ def inbox_routes(
             path=f"{prefix}/channels/{{channel}}/messages",
             auth="none",
             handler=receive,
+            authorize=channel_secret,
+        ),
+        Route(
+            method="GET",
+            path=f"{prefix}/channels/{{channel}}/messages",
+            auth="none",
+            handler=deliver,
             authorize=channel_secret,
         ),
         Route(method="POST", path=f"{prefix}/widget/conversations", auth="none", handler=open_widget),

@@ -25,12 +25,19 @@ except ImportError as error:
     raise missing_extra("bastion.inbox", "postgres", error) from error
 
 from bastion.inbox.channels import InboxChannel
-from bastion.inbox.entities import BotMode, InboundMessage, InboxConversation, InboxMessage, ReplyOutcome
+from bastion.inbox.entities import (
+    BotMode,
+    InboundMessage,
+    InboxConversation,
+    InboxMessage,
+    OutboundMessage,
+    ReplyOutcome,
+)
 from bastion.inbox.errors import ThreadConflictError
 from bastion.inbox.principal import CONTACT_ROLE, ContactPrincipal
 from bastion.stores import InvalidInputError, NotFoundError, PostgresStore, StoreIdentity
 from bastion.stores._migrations import apply_application_migrations, available_migrations
-from bastion.stores.entities import check_limit, check_text, parse_uuid
+from bastion.stores.entities import check_cursor, check_limit, check_text, parse_uuid
 from bastion.stores.postgres import Connection, caller_transaction
 
 __all__ = ["MAX_MESSAGE_LENGTH", "PostgresInbox", "ReplyJob", "ReplyRouter", "apply_inbox_migrations"]
@@ -44,6 +51,7 @@ _AS_CONTACT: Final = "select set_config('role', %s, true), set_config('request.j
 _AS_LOGIN_ROLE: Final = "select set_config('role', 'none', true)"
 
 _RECORD_INBOUND: Final = "select * from bastion.inbox_record_inbound(%s, %s, %s, %s, %s, %s, %s)"
+_OUTBOUND: Final = "select * from bastion.inbox_outbound(%s, %s, %s, %s)"
 _OPEN_WIDGET: Final = "select * from bastion.inbox_open_widget_conversation(%s, %s, %s)"
 _CONTACT_MODE: Final = "select bot_mode from bastion.inbox_conversations where id = %s"
 _CONTACT_SEND: Final = """
@@ -171,6 +179,27 @@ class PostgresInbox:
                 )
                 await self._route(conn, _contact_of(channel.tenant_id, inbound), inbound)
         return inbound
+
+    async def outbound(
+        self, channel: InboxChannel, *, after: int = 0, limit: int = 100
+    ) -> list[OutboundMessage]:
+        """The bot's and staff's messages in `channel`'s conversations after `after`, oldest first."""
+        check_cursor(after)
+        check_limit(limit)
+        with _inbox_errors():
+            async with caller_transaction(self._store.pool, _AS_SERVER, ()) as conn:
+                cursor = await conn.execute(_OUTBOUND, (channel.tenant_id, channel.name, after, limit))
+        return [
+            OutboundMessage(
+                seq=row[0],
+                message_id=str(row[1]),
+                thread_id=row[2],
+                contact_id=row[3],
+                author=row[4],
+                body=row[5],
+            )
+            for row in await cursor.fetchall()
+        ]
 
     async def open_widget_conversation(
         self, tenant_id: str, *, contact_id: str, contact_name: str | None = None

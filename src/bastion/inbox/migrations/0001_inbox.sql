@@ -11,7 +11,8 @@
 --
 -- What only the application server may do (a session whose login role is a member of
 -- `bastion_runtime`) goes through the SECURITY DEFINER functions below: recording a channel's message,
--- opening a widget conversation, posting the bot's reply, and the agent's request for a human.
+-- opening a widget conversation, reading what a channel must deliver, posting the bot's reply, and the
+-- agent's request for a human.
 --
 -- Routing: a contact message in a bot-mode conversation is answered once, by the reply job named after
 -- it. Every change of `bot_mode` records the conversation's last message (`handoff_seq`), so a job for
@@ -359,7 +360,29 @@ begin
 end
 $$;
 
+-- What the bot and staff wrote in a channel's conversations after position `p_after`, oldest first, for
+-- the channel's adapter to deliver: the thread and contact it goes to, and the position to continue from.
+create function bastion.inbox_outbound(p_tenant text, p_channel text, p_after bigint, p_limit integer)
+  returns table (seq bigint, message_id uuid, thread_id text, contact text, author text, body text)
+  language plpgsql stable
+  security definer
+  set search_path = ''
+  as $$
+begin
+  perform bastion.inbox_require_runtime();
+  return query
+    select m.seq, m.id, c.thread_id, k.external_id, m.author, m.body
+      from bastion.inbox_messages m
+      join bastion.inbox_conversations c on c.id = m.conversation_id
+      join bastion.inbox_contacts k on k.id = c.contact_id
+     where m.tenant_id = p_tenant and c.channel = p_channel and m.author <> 'contact' and m.seq > p_after
+     order by m.seq
+     limit p_limit;
+end
+$$;
+
 revoke execute on function
+  bastion.inbox_outbound(text, text, bigint, integer),
   bastion.inbox_record_inbound(text, text, text, text, text, text, text),
   bastion.inbox_open_widget_conversation(text, text, text),
   bastion.inbox_post_bot_reply(uuid, text, text),
@@ -368,6 +391,7 @@ revoke execute on function
   bastion.inbox_require_runtime()
   from public;
 grant execute on function
+  bastion.inbox_outbound(text, text, bigint, integer),
   bastion.inbox_record_inbound(text, text, text, text, text, text, text),
   bastion.inbox_open_widget_conversation(text, text, text)
   to bastion_runtime;
