@@ -97,7 +97,8 @@ class AssistantApp:
     user_credentials: UserCredentials | None = None
     embedder: Embedder | None = None
     versioning: ApiVersioning = field(default_factory=ApiVersioning)
-    inbox_secret: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
+    inbox_token_secret: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
+    inbox_channels: InboxChannels = field(default_factory=InboxChannels)
     agent: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -123,7 +124,7 @@ class AssistantApp:
         # The support inbox: its bot's replies run as durable jobs once `inbox_replies.start(engine)`.
         self.inbox = PostgresInbox(self.store)
         self.inbox_replies = InboxReplies(self.inbox, agent=support_agent(), model=self._active_model)
-        self.contact_tokens = ContactTokens(self.inbox_secret)
+        self.contact_tokens = ContactTokens(self.inbox_token_secret)
 
     @property
     def active_model(self) -> Model:
@@ -426,7 +427,7 @@ def build_routes(app: AssistantApp) -> list[Route]:
         ),
         *inbox_routes(
             app.inbox,
-            channels=InboxChannels(),
+            channels=app.inbox_channels,
             tokens=app.contact_tokens,
             widget_tenant=INBOX_TENANT if app.development_sign_in is not None else None,
             staff=inbox_staff,

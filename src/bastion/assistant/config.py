@@ -58,6 +58,8 @@ class AssistantConfig:
     embedding_dimensions: int | None = None
     embedding_base_url: str | None = None
     embedding_api_key: str | None = field(default=None, repr=False)
+    inbox_secret: str | None = field(default=None, repr=False)
+    inbox_token_secret: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> AssistantConfig:
@@ -97,6 +99,8 @@ class AssistantConfig:
             ),
             "embedding_base_url": text("BASTION_EMBEDDING_BASE_URL"),
             "embedding_api_key": text("BASTION_EMBEDDING_API_KEY"),
+            "inbox_secret": text("BASTION_INBOX_SECRET"),
+            "inbox_token_secret": text("BASTION_INBOX_TOKEN_SECRET"),
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         config = cls(**values)  # type: ignore[arg-type]
@@ -104,6 +108,14 @@ class AssistantConfig:
         return config
 
     def validate(self) -> None:
+        if self.inbox_secret is not None and len(self.inbox_secret) < 16:
+            raise ConfigError(
+                "BASTION_INBOX_SECRET, the inbox webhook's bearer secret, needs 16 characters or more."
+            )
+        if self.inbox_token_secret is not None and len(self.inbox_token_secret.encode()) < 32:
+            raise ConfigError(
+                "BASTION_INBOX_TOKEN_SECRET, which signs contact tokens, needs 32 bytes or more."
+            )
         if not 0 < self.port < 65536:
             raise ConfigError(f"BASTION_PORT must be between 1 and 65535, not {self.port}.")
         if self.app_database_url is not None and self.database_url is None:

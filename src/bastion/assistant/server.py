@@ -26,6 +26,7 @@ from bastion.assistant.remote import (
     remote_tool_names,
     remote_tools,
 )
+from bastion.assistant.support import inbox_settings
 from bastion.auth import SupabaseEnv
 from bastion.durable import DurableEngine
 from bastion.stores import PostgresStore
@@ -126,6 +127,7 @@ async def running_assistant(
                 remote_tool_names=remote_tool_names(config),
                 user_credentials=user_credentials,
                 embedder=resolve_embedder(config),
+                **inbox_settings(config),
             )
             purged = await app.memory_store.purge()
             if purged:

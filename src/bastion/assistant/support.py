@@ -3,20 +3,26 @@
 The assistant is a single-tenant application: its inbox belongs to `INBOX_TENANT`, and every signed-in,
 non-anonymous user without a tenant of their own staffs it (a user with a tenant staffs that tenant's
 inbox). With development sign-in anyone on this machine may open a widget conversation at `/widget`.
+
+`BASTION_INBOX_SECRET` turns on a channel adapter's webhook (`/v1/inbox/channels/webhook/messages`,
+with that bearer secret). `BASTION_INBOX_TOKEN_SECRET` signs contact tokens; without it each process
+signs with a key of its own, so a token lasts as long as the process that issued it.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from bastion import Agent, define_agent
+from bastion.assistant.config import AssistantConfig
 from bastion.auth import Principal
-from bastion.inbox import InboxTurn, handoff_to_human
+from bastion.inbox import InboxChannel, InboxChannels, InboxTurn, handoff_to_human
 from bastion.stores import StoreIdentity
 
-__all__ = ["INBOX_TENANT", "inbox_staff", "support_agent"]
+__all__ = ["INBOX_CHANNEL", "INBOX_TENANT", "inbox_settings", "inbox_staff", "support_agent"]
 
 INBOX_TENANT: Final = "assistant"
+INBOX_CHANNEL: Final = "webhook"
 
 SUPPORT_INSTRUCTIONS = """You answer the support conversations of bastion's reference assistant.
 Be brief and kind. When the contact asks for a person, or you cannot help, call handoff_to_human with
@@ -42,3 +48,14 @@ def inbox_staff(principal: Principal) -> StoreIdentity | None:
     if identity.tenant_id is None:
         return StoreIdentity(user_id=identity.user_id, tenant_id=INBOX_TENANT, claims=identity.claims)
     return identity
+
+
+def inbox_settings(config: AssistantConfig) -> dict[str, Any]:
+    """The `AssistantApp` settings of the inbox: its adapter's channel and the contact tokens' secret."""
+    settings: dict[str, Any] = {}
+    if config.inbox_secret is not None:
+        channel = InboxChannel(name=INBOX_CHANNEL, tenant_id=INBOX_TENANT, secret=config.inbox_secret)
+        settings["inbox_channels"] = InboxChannels([channel])
+    if config.inbox_token_secret is not None:
+        settings["inbox_token_secret"] = config.inbox_token_secret.encode()
+    return settings
