@@ -307,3 +307,29 @@ async def test_user_only_tools_and_per_user_memory_stay_closed_to_a_contact(
         user, "secret word", scope="assistant", operation_id=uuid.uuid4().hex
     )
     assert any("swordfish" in item.text for item in recalled.memories)
+
+
+async def test_a_message_and_its_reply_job_commit_together(
+    inbox: PostgresInbox, inbox_database: InboxDatabase
+) -> None:
+    replies = InboxReplies(inbox, agent=support_agent(), model=EchoModel().model())
+    enqueued: list[str] = []
+
+    class FailingAfterEnqueue:
+        async def route(self, conn: Any, contact: Any, message_id: str, *, seq: int) -> None:
+            await replies.route(conn, contact, message_id, seq=seq)
+            enqueued.append(reply_job_id(message_id, seq))
+            raise RuntimeError("the process failed before the commit")
+
+    inbox.router = FailingAfterEnqueue()
+    tenant = new_tenant()
+    with pytest.raises(RuntimeError):
+        await _arrive(inbox, tenant, "Lost with its job")
+    [job] = enqueued
+    with psycopg.connect(inbox_database.admin_dsn) as conn:
+        assert conn.execute(
+            "select count(*) from dbos.workflow_status where workflow_uuid = %s", (job,)
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "select count(*) from bastion.inbox_messages where tenant_id = %s", (tenant,)
+        ).fetchone() == (0,)
