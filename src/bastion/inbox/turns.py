@@ -2,8 +2,8 @@
 
 The agent's context is an `InboxTurn`: the verified contact, the reply job and the inbox. It holds no
 user and no `StoreIdentity`, so what needs a signed-in user finds none: `credential_auth(owner="user")`
-answers "authorization required" before asking its provider, memory defined with
-an identity looked up on the turn recalls and stores nothing, and tools behind
+answers "authorization required" before asking its provider, memory whose identity is looked up on the
+turn (`identity=lambda turn: turn.identity`) recalls and stores nothing, and tools behind
 `user_only_policy()` are never offered. `handoff_to_human(turn)` is the tool that asks for a human.
 """
 
