@@ -13,6 +13,9 @@ import pytest
 
 from bastion.persistence import RunInput, RunOutcome
 from bastion.stores import MigrationChangedError, SqliteStore, StoreIdentity, TurnContext
+from bastion.stores import _sqlite_connection as sqlite_connection
+from bastion.stores import _sqlite_statements as sqlite_statements
+from bastion.stores import _sqlite_turns as sqlite_turns
 from bastion.stores import sqlite as sqlite_module
 from bastion.stores.sqlite import available_sqlite_migrations
 
@@ -155,10 +158,12 @@ async def test_a_closed_store_refuses_further_calls(tmp_path: Path) -> None:
 
 def test_every_statement_filters_on_the_callers_owner_and_tenant() -> None:
     # Lease renewal is this process's own: it touches only runs this worker is running, by its key.
-    process_statements = {"_MIGRATION_FILE", "_RENEW_WORKER_LEASES"}
+    process_statements = {"RENEW_WORKER_LEASES"}
+    store_modules = (sqlite_module, sqlite_statements, sqlite_turns, sqlite_connection)
     statements = {
         name: value
-        for name, value in vars(sqlite_module).items()
+        for module in store_modules
+        for name, value in vars(module).items()
         if name.isupper()
         and isinstance(value, str)
         and "bastion_" in value
