@@ -4,7 +4,7 @@ that isolate themselves by using fresh user ids (row-level security does the res
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +32,10 @@ class MigratedDatabase:
 
 
 @pytest.fixture(scope="session")
-def pg_cluster(tmp_path_factory: pytest.TempPathFactory) -> PostgresCluster:
-    return PostgresCluster(tmp_path_factory.mktemp("postgres") / "data")
+def pg_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresCluster]:
+    cluster = PostgresCluster(tmp_path_factory.mktemp("postgres") / "data")
+    yield cluster
+    cluster.close()
 
 
 @pytest.fixture(scope="session")

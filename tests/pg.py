@@ -1,6 +1,11 @@
 """Real Postgres for the tests: one embedded server per session, roles like a Supabase project's,
 fresh databases on demand, and a proxy that counts the round trips a client makes.
 
+`BASTION_TEST_POSTGRES` (the conninfo of a superuser on a local server's Unix socket) makes the
+session use that server instead of starting its own; the databases the session creates there are
+dropped when it ends. Tools that run many short sessions (a mutation tester's reruns) start one
+server for all of them this way rather than one per session.
+
 Roles: `postgres` (superuser, runs migrations), `bastion_app` (the application: login, no
 BYPASSRLS, member of `authenticated` and `bastion_runtime`) and `api_client` (a user connecting
 directly with a valid token, like Supabase's Data API: member of `authenticated` only).
@@ -21,12 +26,17 @@ from psycopg.conninfo import conninfo_to_dict
 _names = itertools.count(1)
 
 
+EXTERNAL_SERVER = "BASTION_TEST_POSTGRES"
+
+
 class PostgresCluster:
     """The session's server; `database()` creates an empty database with a fresh name."""
 
     def __init__(self, datadir: Path) -> None:
-        self._server = get_server(datadir, cleanup_mode="delete")
-        params = conninfo_to_dict(self._server.get_uri())
+        external = os.environ.get(EXTERNAL_SERVER)
+        self._created: list[str] | None = [] if external else None
+        conninfo = external or get_server(datadir, cleanup_mode="delete").get_uri()
+        params = conninfo_to_dict(conninfo)
         self.socket_dir = str(params["host"])
         self.port = int(params.get("port") or 5432)
 
@@ -37,7 +47,18 @@ class PostgresCluster:
         name = f"{prefix}_{os.getpid()}_{next(_names)}"
         with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
             conn.execute(f'create database "{name}"')
+        if self._created is not None:
+            self._created.append(name)
         return name
+
+    def close(self) -> None:
+        """Drop the databases this session created on a server it shares; its own server goes away."""
+        if not self._created:
+            return
+        with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            for name in self._created:
+                conn.execute(f'drop database if exists "{name}" with (force)')
+        self._created.clear()
 
     def create_login_roles(self) -> None:
         """Create the application and direct-client roles once the migrations made the API roles."""
@@ -123,3 +144,24 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, obse
         pass
     finally:
         writer.close()
+
+
+def serve() -> None:
+    """`python -m tests.pg`: one server until interrupted; prints the `BASTION_TEST_POSTGRES` to use."""
+    import shlex
+    import signal
+
+    with tempfile.TemporaryDirectory(prefix="bastion-pg-") as parent:
+        server = get_server(Path(parent) / "data", cleanup_mode="delete")
+        print(f"{EXTERNAL_SERVER}={shlex.quote(server.get_uri())}", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.cleanup()
+
+
+if __name__ == "__main__":
+    serve()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import uuid
 from collections.abc import Iterator
@@ -40,7 +41,14 @@ EXPORTER = InMemorySpanExporter()
 
 @pytest.fixture(scope="module", autouse=True)
 def tracing() -> None:
-    """One provider for the process (OpenTelemetry allows one); bastion's tracer finds it when set."""
+    export_to_memory()
+
+
+@functools.cache
+def export_to_memory() -> None:
+    """One provider for the process (OpenTelemetry allows one), exporting once to `EXPORTER`, however
+    many test sessions the process runs (a mutation tester reruns them in one process); bastion's
+    tracer finds the provider once it is set."""
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
         provider = TracerProvider()
