@@ -8,13 +8,21 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from bastion.history import AgentHistoryConflictError
 from bastion.persistence import RunInput, RunOutcome, RunStart, ToolOperation
-from bastion.stores import NotFoundError, PostgresStore, StoreIdentity, TurnConflictError, TurnContext
+from bastion.stores import (
+    NotFoundError,
+    PostgresStore,
+    StoreIdentity,
+    ToolOperationUncertainError,
+    TurnConflictError,
+    TurnContext,
+)
 from bastion.stores._tail_cache import CachedTail, TailCache, row_size, tail_key
 from tests.conftest import MigratedDatabase
 from tests.pg import RoundTripCounter
@@ -88,6 +96,61 @@ async def test_a_later_turn_on_a_remembered_conversation_takes_one_round_trip_to
         assert start.messages == history
         assert [m["id"] for m in await stored(store, alice, conversation_id)] == ["u1", "a1", "u2", "a2"]
         assert (await store.get_conversation(alice, conversation_id)).revision == 4
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_an_operation_this_run_already_ran_is_answered_from_memory_without_a_round_trip(
+    migrated_database: MigratedDatabase, idempotent: bool
+) -> None:
+    async with counted_store(migrated_database) as (store, counter):
+        alice = identity()
+        conversation_id = await conversation_with_one_turn(store, alice)
+        persistence = store.persistence()
+        ctx = context(alice, conversation_id)
+        history = [user_message("u1"), assistant_message("a1"), user_message("u2")]
+        start = await persistence.start_run(ctx, RunInput(messages=history, trigger=SUBMIT))
+        runs: list[str] = []
+
+        async def once() -> str:
+            runs.append("ran")
+            return "done"
+
+        operation = ToolOperation(
+            name="lookup",
+            tool_call_id="call-1",
+            input={},
+            execute=once,
+            key="op/call-1",
+            idempotent=idempotent,
+        )
+        assert await persistence.execute_tool(ctx, start.state, operation) == "done"
+        counter.round_trips = 0
+        assert await persistence.execute_tool(ctx, start.state, operation) == "done"
+        assert counter.round_trips == 0
+        assert runs == ["ran"]
+
+
+async def test_a_failed_operation_of_this_run_is_uncertain_without_a_round_trip(
+    migrated_database: MigratedDatabase,
+) -> None:
+    async with counted_store(migrated_database) as (store, counter):
+        alice = identity()
+        conversation_id = await conversation_with_one_turn(store, alice)
+        persistence = store.persistence()
+        ctx = context(alice, conversation_id)
+        history = [user_message("u1"), assistant_message("a1"), user_message("u2")]
+        start = await persistence.start_run(ctx, RunInput(messages=history, trigger=SUBMIT))
+
+        async def fails() -> str:
+            raise RuntimeError("down")
+
+        operation = ToolOperation(name="lookup", tool_call_id="call-1", input={}, execute=fails, key="op/1")
+        with pytest.raises(RuntimeError):
+            await persistence.execute_tool(ctx, start.state, operation)
+        counter.round_trips = 0
+        with pytest.raises(ToolOperationUncertainError):
+            await persistence.execute_tool(ctx, start.state, replace(operation, execute=_ok))
+        assert counter.round_trips == 0
 
 
 async def test_every_turn_after_the_first_claims_in_one_round_trip(

@@ -191,9 +191,25 @@ async def test_the_schema_refuses_a_message_whose_owner_is_not_its_conversations
 
 
 @pytest.mark.parametrize(
-    ("window", "lease"), [(0, 1.0), (True, 1.0), (1, -1.0), (1, 86_401.0)], ids=["0", "bool", "neg", "day"]
+    ("window", "lease", "problem"),
+    [
+        (0, 1.0, "history_window must be a positive integer."),
+        (True, 1.0, "history_window must be a positive integer."),
+        (1, -1.0, "lease_seconds must be between 0 and 86400."),
+        (1, 86_401.0, "lease_seconds must be between 0 and 86400."),
+    ],
+    ids=["0", "bool", "neg", "day"],
 )
-async def test_persistence_options_are_checked(tmp_path: Path, window: int, lease: float) -> None:
+async def test_persistence_options_are_checked(
+    tmp_path: Path, window: int, lease: float, problem: str
+) -> None:
     async with await SqliteStore.open(tmp_path / "db.sqlite3") as store:
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError) as refused:
             store.persistence(history_window=window, lease_seconds=lease)
+    assert str(refused.value) == problem
+
+
+async def test_persistence_options_at_their_limits_are_accepted(tmp_path: Path) -> None:
+    async with await SqliteStore.open(tmp_path / "db.sqlite3") as store:
+        store.persistence(history_window=1, lease_seconds=86_400)
+        store.persistence(history_window=1, lease_seconds=0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import math
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -329,6 +330,15 @@ async def test_malformed_ids_cursors_and_fields_are_invalid_input(
     with pytest.raises(InvalidInputError) as refused:
         await call(store, identity())
     assert refused.value.code == "invalid_input"
+
+
+async def test_a_title_of_exactly_the_longest_length_is_kept(store: Store) -> None:
+    alice = identity()
+    longest = "t" * 500
+    created = await store.create_conversation(alice, title=longest)
+    assert created.title == longest
+    renamed = await store.update_conversation(alice, created.id, title="u" * 500)
+    assert renamed.title == "u" * 500
 
 
 # Messages and feedback
@@ -948,6 +958,27 @@ async def test_a_failed_tool_call_is_uncertain_and_never_replayed(store: Store) 
     assert uncertain.value.code == "operation_uncertain"
     assert calls == []
     assert "tool.failed" in await event_types(store, alice, state.conversation_id)
+
+
+@pytest.mark.parametrize(
+    "unstorable", [math.nan, "nul \x00", {"text": "lone \ud800"}], ids=["nan", "nul", "lone"]
+)
+async def test_a_result_that_cannot_be_stored_reaches_the_caller_and_is_never_run_again(
+    store: Store, unstorable: Any
+) -> None:
+    alice = identity()
+    persistence, ctx, state = await started(store, alice)
+    calls: list[int] = []
+    returned = await persistence.execute_tool(ctx, state, op(_returns(unstorable, calls)))
+    assert repr(returned) == repr(unstorable)
+    with pytest.raises(ToolOperationUncertainError):
+        await persistence.execute_tool(ctx, state, op(_returns("again", calls)))
+    await persistence.finish_run(ctx, state, RunOutcome(status="completed"))
+    later = context(alice, state.conversation_id)
+    start = await persistence.start_run(later, RunInput(messages=[user_message("u2")], trigger=SUBMIT))
+    with pytest.raises(ToolOperationUncertainError):
+        await persistence.execute_tool(later, start.state, op(_returns("again", calls)))
+    assert calls == [1]
 
 
 async def test_a_call_left_in_flight_by_an_interrupted_run_is_uncertain(store: Store) -> None:

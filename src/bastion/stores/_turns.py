@@ -20,7 +20,6 @@ from pydantic_core import to_jsonable_python
 from bastion.approvals import CanRespondToApproval
 from bastion.history import reconcile_agent_messages
 from bastion.persistence import AgentPersistence, RunInput, RunStatus, ToolOperation
-from bastion.stores._leases import DEFAULT_LEASE_SECONDS
 from bastion.stores.entities import TurnContext, TurnState, check_text, is_storable_text
 from bastion.stores.errors import (
     InvalidInputError,
@@ -278,9 +277,9 @@ class TurnPersistence(AgentPersistence[TurnContext, TurnState]):
     def __init__(
         self,
         *,
-        history_window: int = 100,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
+        history_window: int,
+        lease_seconds: float,
+        can_respond_to_approval: CanRespondToApproval[TurnContext] | None,
     ) -> None:
         if type(history_window) is not int or history_window < 1:
             raise ValueError("history_window must be a positive integer.")
@@ -333,7 +332,6 @@ class TurnPersistence(AgentPersistence[TurnContext, TurnState]):
         """Run the claimed side effect; its result is recorded with this run's next write."""
         record = {
             "operationKey": checked.key,
-            "toolCallId": checked.call_id,
             "toolName": checked.name,
             "input": checked.input,
             "status": "failed",
