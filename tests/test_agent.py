@@ -577,6 +577,26 @@ async def test_an_approved_call_runs_before_the_model_continues() -> None:
     assert returned.content["q"] == "x"
 
 
+@pytest.mark.parametrize(("approval_id", "origin_id"), [("ap1", "ap1"), (7, None)], ids=["id", "not-text"])
+async def test_an_approved_call_reaches_the_execute_hook_named_by_its_approval(
+    approval_id: Any, origin_id: str | None
+) -> None:
+    recorder = Recorder()
+    seen: list[tuple[str, str, Any, CallOrigin]] = []
+
+    async def hook(
+        *, name: str, tool_call_id: str, input: Any, execute: Any, origin: CallOrigin, **_: Any
+    ) -> Any:
+        seen.append((name, tool_call_id, input, origin))
+        return await execute("key-1")
+
+    history = paused_history(approved=True)
+    history[1]["parts"][1]["approval"]["id"] = approval_id
+    await run_turn(approval_agent(recorder), ScriptedModel(["Done."]), history, execute_tool=hook)
+    assert seen == [("lookup", "c1", {"q": "x"}, CallOrigin(approval_id=origin_id))]
+    assert recorder.executed == [{"q": "x", "user": "u1"}]
+
+
 async def test_a_denied_call_never_runs_and_the_model_gets_the_reason() -> None:
     recorder = Recorder()
     model = ScriptedModel(["Understood."])

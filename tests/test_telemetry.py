@@ -147,9 +147,13 @@ async def test_a_turn_traces_its_model_requests_tool_calls_and_store_calls(
     assert turn.attributes["gen_ai.usage.output_tokens"] == 2 * USAGE_OUT
     assert turn.attributes["bastion.model_requests"] == 2
     assert turn.attributes["bastion.finish_reason"] == "stop"
+    assert turn.attributes["bastion.tools"] == 1
+    assert turn.attributes["bastion.cancelled"] is False
 
     requests = named(exported, "bastion.model_request")
     assert [r.attributes["bastion.step"] for r in requests if r.attributes] == [0, 1]
+    assert [(r.attributes or {})["bastion.finish_reason"] for r in requests] == ["tool_call", "stop"]
+    assert [(r.attributes or {})["gen_ai.response.model"] for r in requests] == ["fake", "fake"]
     for request in requests:
         assert request.parent is not None and request.parent.span_id == turn.context.span_id
         assert request.attributes is not None
@@ -266,6 +270,8 @@ async def test_tool_call_spans_say_how_the_approval_went(
     model = ScriptedModel([Call("shout", {"word": "hi"}, call_id="c1")], ["ok"])
     paused = await approval_turn([user("hi")], model)
     [requested] = named(spans.get_finished_spans(), "bastion.tool_call")
+    [paused_turn] = named(spans.get_finished_spans(), "bastion.turn")
+    assert requested.parent is not None and requested.parent.span_id == paused_turn.context.span_id
     assert (requested.attributes or {})["bastion.tool.approval"] == "requested"
     assert (requested.attributes or {})["bastion.tool.outcome"] == "paused"
     spans.clear()
@@ -279,6 +285,7 @@ async def test_tool_call_spans_say_how_the_approval_went(
     assert (answer.attributes or {})["bastion.tool.approval"] == ("approved" if approved else "denied")
     assert (answer.attributes or {})["bastion.tool.outcome"] == outcome
     assert (answer.attributes or {})["bastion.tool.call_id"] == "c1"
+    assert (answer.attributes or {})["bastion.tool.name"] == "shout"
 
 
 async def test_a_failing_model_request_marks_its_spans_as_errors(spans: InMemorySpanExporter) -> None:
@@ -301,3 +308,48 @@ async def test_a_failing_model_request_marks_its_spans_as_errors(spans: InMemory
         [failed] = named(exported, name)
         assert failed.status.status_code == StatusCode.ERROR
         assert failed.status.description == "ProviderDown"  # the type only, never the message
+    [turn] = named(exported, "bastion.turn")
+    assert (turn.attributes or {})["bastion.finish_reason"] == "none"
+
+
+async def test_a_cancelled_turn_says_so_on_its_span(spans: InMemorySpanExporter) -> None:
+    cancel = asyncio.Event()
+
+    async def cancel_mid_answer(messages: Any, info: Any) -> Any:
+        yield "Partial"
+        cancel.set()
+        yield " answer"
+
+    from pydantic_ai.models.function import FunctionModel
+
+    session = await agent().prepare(context=None, cancel=cancel)
+    result = await session.stream(
+        model=FunctionModel(stream_function=cancel_mid_answer), messages=[user("hi")]
+    )
+    _ = [chunk async for chunk in result]
+    await session.close()
+    assert result.cancelled and result.finish_reason == "other"
+    [turn] = named(spans.get_finished_spans(), "bastion.turn")
+    assert (turn.attributes or {})["bastion.cancelled"] is True
+    assert (turn.attributes or {})["bastion.finish_reason"] == "other"
+
+
+async def test_calls_of_one_step_that_share_a_provider_id_each_get_a_complete_span(
+    spans: InMemorySpanExporter,
+) -> None:
+    model = ScriptedModel(
+        [Call("shout", {"word": "a"}, "call_0"), Call("shout", {"word": "b"}, "call_0")], ["ok"]
+    )
+    session = await agent().prepare(context=None)
+    result = await session.stream(model=model, messages=[user("hi")])
+    _ = [chunk async for chunk in result]
+    await session.close()
+    calls = named(spans.get_finished_spans(), "bastion.tool_call")
+    assert [dict(call.attributes or {}) for call in calls] == [
+        {
+            "bastion.tool.name": "shout",
+            "bastion.tool.call_id": "call_0",
+            "bastion.tool.approval": "not-required",
+            "bastion.tool.outcome": "available",
+        }
+    ] * 2
