@@ -19,6 +19,7 @@ from typing import Any, Literal, TypedDict
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tests.live_server import live_server
@@ -138,6 +139,15 @@ def build_mcp_server(release_slow: threading.Event, *, slow_discovery: bool = Fa
     def broken() -> str:
         """Fail with a domain error: the result carries isError."""
         raise ToolError("The document store is offline.")
+
+    @server.tool()
+    def flagged() -> CallToolResult:
+        """Fail with a result of its own: content, structured details and isError."""
+        return CallToolResult(
+            content=[TextContent(type="text", text="Quota exceeded.")],
+            structured_content={"retry_after": 30},
+            is_error=True,
+        )
 
     @server.tool()
     def unlock() -> str:

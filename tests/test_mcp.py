@@ -685,6 +685,23 @@ async def test_an_is_error_result_stays_a_result_and_is_reported(server: Running
     assert str(reported[0]) == "The tool docs__broken on the docs connection reported an error."
 
 
+async def test_an_is_error_result_keeps_the_structured_content_the_server_sent(server: RunningServer) -> None:
+    reported: list[McpConnectionError] = []
+    connections = await connect(define(server, allowlist=["flagged"], on_error=reported.append))
+    try:
+        output = await run(named(connections)["docs__flagged"], {})
+    finally:
+        await connections.close()
+    assert output == {
+        "content": [{"type": "text", "text": "Quota exceeded."}],
+        "isError": True,
+        "structuredContent": {"retry_after": 30},
+    }
+    assert [identity(error) for error in reported] == [
+        ("execution_failed", "tool_error", "docs", "docs__flagged")
+    ]
+
+
 async def test_a_call_the_server_does_not_answer_in_time_times_out_and_is_reported(
     server: RunningServer,
 ) -> None:
