@@ -4,17 +4,18 @@ instructions), what the model hears back on a bad call, and what the logs name w
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from pydantic_ai.messages import ModelRequest, NativeToolCallPart, NativeToolReturnPart, ToolReturnPart
-from pydantic_ai.models.function import AgentInfo, DeltaThinkingPart, FunctionModel
+from pydantic_ai.models.function import AgentInfo, DeltaThinkingPart, DeltaToolCall, FunctionModel
 from pydantic_ai.native_tools import WebSearchTool
 from pydantic_ai.tools import ToolDefinition
 
-from bastion import Skill, Tool, ToolCall, ToolError, define_agent, tool
+from bastion import Skill, Tool, ToolCall, ToolError, ToolPolicy, define_agent, tool
 from tests.scripted import Call, ScriptedModel, collect, user
 
 
@@ -273,21 +274,235 @@ async def test_a_failing_tool_is_logged_by_name(caplog: pytest.LogCaptureFixture
     async def refuses(call: ToolCall) -> Any:
         raise ToolError("Not today.")
 
+    elsewhere: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    elsewhere.cancel()
+
+    async def waits(call: ToolCall) -> None:
+        await elsewhere
+
     tools = {
         "explode": Tool(name="explode", execute=explode),
         "odd": Tool(name="odd", execute=unconvertible),
         "refuses": Tool(name="refuses", execute=refuses),
+        "waits": Tool(name="waits", execute=waits),
+        "empty": Tool(name="empty"),
     }
-    model = ScriptedModel(
-        [Call("explode", {}, "c1"), Call("odd", {}, "c2"), Call("refuses", {}, "c3")], ["ok"]
-    )
+    model = ScriptedModel([Call(name, {}, f"c-{name}") for name in tools], ["ok"])
     with caplog.at_level(logging.ERROR, logger="bastion.loop"):
         _, chunks = await turn(plain(**tools), model)
     assert sorted(record.getMessage() for record in caplog.records) == [
         "Converting the result of odd failed.",
+        "Tool empty failed.",
         "Tool explode failed.",
+        "Tool waits was cancelled from elsewhere.",
     ]
+    [no_executor] = [record for record in caplog.records if record.getMessage() == "Tool empty failed."]
+    assert (
+        no_executor.exc_info is not None and str(no_executor.exc_info[1]) == "Tool 'empty' has no executor."
+    )
     errors = {
         chunk["toolCallId"]: chunk["errorText"] for chunk in chunks if chunk["type"] == "tool-output-error"
     }
-    assert errors == {"c1": "Tool execution failed.", "c2": "Tool execution failed.", "c3": "Not today."}
+    assert errors == {f"c-{name}": "Tool execution failed." for name in tools} | {"c-refuses": "Not today."}
+    returns = [
+        (part.tool_name, part.tool_call_id, part.outcome)
+        for message in model.requests[1].messages
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+    ]
+    assert returns == [(name, f"c-{name}", "failed") for name in tools]
+
+
+# Cancellation
+
+
+async def test_a_cancel_mid_answer_closes_the_open_text_and_the_unfinished_tool_input() -> None:
+    cancel = asyncio.Event()
+
+    async def cut_off(messages: list[Any], info: AgentInfo) -> AsyncIterator[Any]:
+        yield "Partial"
+        yield {1: DeltaToolCall(name="lookup", json_args='{"wo', tool_call_id="c1")}
+        cancel.set()
+        await asyncio.Event().wait()  # the model goes quiet
+        yield "never"
+
+    session = await plain(lookup=lookup).prepare(context=None, cancel=cancel)
+    result = await session.stream(model=FunctionModel(stream_function=cut_off), messages=[user("hi")])
+    chunks = await collect(result)
+    assert chunks == [
+        {"type": "start-step"},
+        {"type": "text-start", "id": "0-0"},
+        {"type": "text-delta", "id": "0-0", "delta": "Partial"},
+        {"type": "text-end", "id": "0-0"},
+        {"type": "tool-input-start", "toolCallId": "c1", "toolName": "lookup"},
+        {"type": "tool-input-delta", "toolCallId": "c1", "inputTextDelta": '{"wo'},
+        {"type": "finish-step"},
+    ]
+    assert result.cancelled is True and result.finish_reason == "other"
+
+
+async def test_a_cancel_while_the_model_is_silent_never_runs_the_call_it_already_streamed() -> None:
+    cancel = asyncio.Event()
+    ran: list[str] = []
+
+    async def record(call: ToolCall) -> str:
+        ran.append(call.tool_call_id)
+        return "ran"
+
+    async def call_then_stall(messages: list[Any], info: AgentInfo) -> AsyncIterator[Any]:
+        yield {0: DeltaToolCall(name="act", json_args="{}", tool_call_id="c1")}
+        cancel.set()
+        await asyncio.Event().wait()
+        yield "never"
+
+    session = await plain(act=Tool(name="act", execute=record)).prepare(context=None, cancel=cancel)
+    result = await session.stream(model=FunctionModel(stream_function=call_then_stall), messages=[user("hi")])
+    chunks = await collect(result)
+    assert ran == []
+    assert chunks[-1] == {"type": "finish-step"}
+    assert not any(chunk["type"].startswith("tool-output") for chunk in chunks)
+    assert result.cancelled is True
+
+
+async def test_a_cancel_set_as_the_last_step_ends_makes_the_turn_cancelled() -> None:
+    cancel = asyncio.Event()
+
+    async def answer_then_cancel(messages: list[Any], info: AgentInfo) -> AsyncIterator[Any]:
+        yield "Done."
+        cancel.set()
+
+    session = await plain().prepare(context=None, cancel=cancel)
+    result = await session.stream(
+        model=FunctionModel(stream_function=answer_then_cancel), messages=[user("hi")]
+    )
+    await collect(result)
+    assert result.cancelled is True and result.finish_reason == "other"
+
+
+async def test_a_set_cancel_signal_ends_the_models_events_without_reading_them() -> None:
+    from bastion._loop import _until_cancelled
+
+    read: list[int] = []
+
+    async def events() -> AsyncIterator[Any]:
+        read.append(1)
+        yield "event"
+
+    cancel = asyncio.Event()
+    cancel.set()
+    assert [event async for event in _until_cancelled(events(), cancel)] == [None]  # type: ignore[arg-type]
+    assert read == []
+
+
+async def test_cancelling_the_task_that_reads_the_turn_cancels_it_instead_of_failing_the_tool() -> None:
+    started = asyncio.Event()
+
+    async def slow(call: ToolCall) -> str:
+        started.set()
+        await asyncio.sleep(60)
+        return "late"
+
+    model = ScriptedModel([Call("slow", {}, "c1")], ["never"])
+    session = await plain(slow=Tool(name="slow", execute=slow)).prepare(context=None)
+    result = await session.stream(model=model, messages=[user("hi")])
+    seen: list[dict[str, Any]] = []
+
+    async def read() -> None:
+        async for chunk in result:
+            seen.append(chunk)
+
+    reader = asyncio.ensure_future(read())
+    await started.wait()
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    await session.close()
+    assert not any(chunk["type"] == "tool-output-error" for chunk in seen)
+    assert model.calls == 1
+
+
+async def test_a_turn_that_was_not_cancelled_says_so() -> None:
+    result, _ = await turn(plain(), ScriptedModel(["hi"]))
+    assert result.cancelled is False
+
+
+# Approvals, retries and denials within a step
+
+
+async def test_the_approval_predicate_reads_the_call_and_the_other_calls_of_the_step_still_run() -> None:
+    ran: list[Any] = []
+
+    async def pay(call: ToolCall) -> str:
+        ran.append(call.input)
+        return "paid"
+
+    payment = Tool(
+        name="pay",
+        execute=pay,
+        input_schema={"type": "object", "properties": {"amount": {"type": "integer"}}},
+        needs_approval=lambda call: call.input["amount"] > 100,
+    )
+    model = ScriptedModel([Call("pay", {"amount": 500}, "big"), Call("pay", {"amount": 5}, "small")])
+    result, chunks = await turn(plain(pay=payment), model)
+    assert [chunk["toolCallId"] for chunk in chunks if chunk["type"] == "tool-approval-request"] == ["big"]
+    assert [chunk["toolCallId"] for chunk in chunks if chunk["type"] == "tool-output-available"] == ["small"]
+    assert ran == [{"amount": 5}]
+    assert result.finish_reason == "tool-calls"
+
+
+async def test_a_tool_may_be_retried_as_often_as_the_agent_allows() -> None:
+    agent = define_agent(name="a", instructions="", tools=lambda _: [lookup], tool_retries=2)
+    model = ScriptedModel(
+        [Call("lookup", {"word": 1}, "c1")],
+        [Call("lookup", {"word": 2}, "c2")],
+        [Call("lookup", {"word": "owl"}, "c3")],
+        ["Found."],
+    )
+    _, chunks = await turn(agent, model)
+    assert [chunk["toolCallId"] for chunk in chunks if chunk["type"] == "tool-input-error"] == ["c1", "c2"]
+    assert [chunk["toolCallId"] for chunk in chunks if chunk["type"] == "tool-output-available"] == ["c3"]
+    assert model.calls == 4
+
+
+async def test_invalid_input_to_a_dynamic_tool_is_flagged_dynamic() -> None:
+    async def echo(call: ToolCall) -> Any:
+        return call.input
+
+    remote = Tool(
+        name="remote",
+        execute=echo,
+        dynamic=True,
+        input_schema={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    )
+    _, chunks = await turn(plain(remote=remote), ScriptedModel([Call("remote", {"a": "x"}, "c1")], ["ok"]))
+    [error] = [chunk for chunk in chunks if chunk["type"] == "tool-input-error"]
+    assert error["dynamic"] is True and error["errorText"].startswith("Invalid input: ")
+
+
+async def test_a_call_its_policy_refuses_at_execution_shows_the_denied_output_to_both_sides() -> None:
+    async def send(call: ToolCall) -> str:
+        raise AssertionError("never runs")
+
+    agent = define_agent(
+        name="a",
+        instructions="",
+        tools=lambda _: [Tool(name="send", execute=send)],
+        permissions={
+            "send": ToolPolicy(can_execute=lambda ctx, call: False, denied_output={"refused": True})
+        },
+    )
+    model = ScriptedModel([Call("send", {}, "c1")], ["ok"])
+    _, chunks = await turn(agent, model)
+    [output] = [chunk for chunk in chunks if chunk["type"] == "tool-output-available"]
+    assert output == {"type": "tool-output-available", "toolCallId": "c1", "output": {"refused": True}}
+    returns = [
+        part
+        for message in model.requests[1].messages
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+    ]
+    assert [(r.tool_name, r.tool_call_id, r.content, r.outcome) for r in returns] == [
+        ("send", "c1", {"refused": True}, "denied")
+    ]
