@@ -19,7 +19,7 @@ from typing import Any, Literal, TypedDict
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, ListToolsResult, PaginatedRequestParams, ResourceLink, TextContent
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tests.live_server import live_server
@@ -85,6 +85,8 @@ class Behavior:
     reject_calls_with: int | None = None
     slow_discovery: bool = False
     hold_deletes: bool = False
+    paged_tools: Literal["one_per_page", "endless"] | None = None
+    refuse_rpc: str | None = None
 
 
 @dataclass
@@ -97,22 +99,45 @@ class RunningServer:
 
 
 class _DocumentsServer(MCPServer):
-    """An MCP server whose tool listing can be held back until the test releases it."""
+    """An MCP server whose tool listing can be held back until the test releases it, or paged: one tool
+    per page, or pages without end (each empty, each pointing to the next)."""
 
-    def __init__(self, *, slow_discovery: bool, release: threading.Event) -> None:
+    def __init__(
+        self,
+        *,
+        slow_discovery: bool,
+        release: threading.Event,
+        paged: Literal["one_per_page", "endless"] | None = None,
+    ) -> None:
         super().__init__("documents", instructions=SERVER_INSTRUCTIONS, log_level="WARNING")
         self._slow_discovery = slow_discovery
         self._release = release
+        self._paged = paged
 
     async def list_tools(self) -> list[Any]:
         if self._slow_discovery:
             await asyncio.to_thread(self._release.wait, 30)
         return await super().list_tools()
 
+    async def _handle_list_tools(self, ctx: Any, params: PaginatedRequestParams | None) -> ListToolsResult:
+        if self._paged is None:
+            return await super()._handle_list_tools(ctx, params)
+        page = int(params.cursor) if params is not None and params.cursor is not None else 0
+        if self._paged == "endless":
+            return ListToolsResult(tools=[], next_cursor=str(page + 1))
+        tools = await self.list_tools()
+        following = str(page + 1) if page + 1 < len(tools) else None
+        return ListToolsResult(tools=tools[page : page + 1], next_cursor=following)
 
-def build_mcp_server(release_slow: threading.Event, *, slow_discovery: bool = False) -> MCPServer:
+
+def build_mcp_server(
+    release_slow: threading.Event,
+    *,
+    slow_discovery: bool = False,
+    paged: Literal["one_per_page", "endless"] | None = None,
+) -> MCPServer:
     """The MCP server every scenario uses: a few tools, one slow, one failing, one that adds a tool."""
-    server = _DocumentsServer(slow_discovery=slow_discovery, release=release_slow)
+    server = _DocumentsServer(slow_discovery=slow_discovery, release=release_slow, paged=paged)
 
     @server.tool()
     def search(query: str) -> SearchResult:
@@ -148,6 +173,26 @@ def build_mcp_server(release_slow: threading.Event, *, slow_discovery: bool = Fa
             structured_content={"retry_after": 30},
             is_error=True,
         )
+
+    @server.tool(structured_output=False)
+    def cite(id: str) -> ResourceLink:
+        """Point to a document instead of returning it."""
+        return ResourceLink(
+            type="resource_link", uri=f"file:///docs/{id}", name=f"doc-{id}", mime_type="text/plain"
+        )
+
+    @server.tool(title="Titled, not described")
+    def titled() -> str:
+        return "titled"
+
+    @server.tool()
+    def undescribed() -> str:
+        return "undescribed"
+
+    @server.tool(name="has.dot")
+    def dotted() -> str:
+        """A name no exposed tool name may contain."""
+        return "dotted"
 
     @server.tool()
     def unlock() -> str:
@@ -228,6 +273,9 @@ class _ScenarioLayer:
             return
         if tool == PROTOCOL_ERROR_TOOL and self.transport == "http":
             await _reject(send, 200, rpc)
+            return
+        if self.behavior.refuse_rpc is not None and rpc.get("method") == self.behavior.refuse_rpc:
+            await _reject(send, 200, rpc)  # a JSON-RPC error answer, over a healthy connection
             return
         replay = _replay(body) if scope["method"] == "POST" else receive
         if tool == DROP_TOOL:
@@ -330,7 +378,9 @@ def serve_mcp(transport: TransportKind, behavior: Behavior | None = None) -> Ite
     """Serve a fresh MCP server over `transport` on a free port until the block exits."""
     behavior = behavior or Behavior()
     release_slow = threading.Event()
-    server = build_mcp_server(release_slow, slow_discovery=behavior.slow_discovery)
+    server = build_mcp_server(
+        release_slow, slow_discovery=behavior.slow_discovery, paged=behavior.paged_tools
+    )
     log = ServerLog()
     if transport == "http":
         app = server.streamable_http_app(streamable_http_path=f"/{SECRET_PATH}/mcp")

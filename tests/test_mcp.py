@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import socket
 from collections.abc import Callable, Iterator
@@ -996,3 +997,176 @@ async def test_a_refused_credential_during_a_turn_is_a_tool_error_that_reveals_n
     error_text = chunk_for(chunks, "tool-output-error", "call-1-0")["errorText"]
     assert error_text == "The docs connection needs authorization. Reconnect it and try again."
     assert [(error.code, error.reason) for error in reported] == [("authorization_required", "unauthorized")]
+
+
+# Messages, listings and results in detail
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "connection", "tool", "message"),
+    [
+        ("configuration_error", "invalid_name", None, None, "An MCP connection is misconfigured."),
+        ("configuration_error", "invalid_name", "docs", None, "The docs connection is misconfigured."),
+        (
+            "authorization_required",
+            "credential_refused",
+            "docs",
+            None,
+            "The credentials for the docs connection were refused. Reconnect it and try again.",
+        ),
+        (
+            "authorization_required",
+            "unauthorized",
+            None,
+            None,
+            "An MCP connection needs authorization. Reconnect it and try again.",
+        ),
+        ("cleanup_failed", "timeout", "docs", None, "The docs connection did not close cleanly."),
+        (
+            "execution_failed",
+            "tool_error",
+            "docs",
+            "docs__x",
+            "The tool docs__x on the docs connection reported an error.",
+        ),
+        ("execution_failed", "closed", "docs", "docs__x", "The docs connection is closed."),
+        (
+            "execution_failed",
+            "timeout",
+            "docs",
+            "docs__x",
+            "The tool docs__x on the docs connection did not answer in time.",
+        ),
+        (
+            "execution_failed",
+            "request_failed",
+            "docs",
+            "docs__x",
+            "The tool docs__x failed on the docs connection.",
+        ),
+        ("discovery_failed", "timeout", None, None, "An MCP connection did not answer in time."),
+        ("discovery_failed", "timeout", "docs", None, "The docs connection did not answer in time."),
+        ("discovery_failed", "connection_failed", "docs", None, "The docs connection is unavailable."),
+        ("discovery_failed", "connection_failed", "GitHub", None, "The GitHub connection is unavailable."),
+    ],
+)
+def test_each_error_says_what_failed_in_names_the_application_chose(
+    code: Any, reason: Any, connection: str | None, tool: str | None, message: str
+) -> None:
+    assert str(McpConnectionError(code, reason=reason, connection=connection, tool=tool)) == message
+
+
+def test_a_configuration_error_with_a_detail_says_what_to_fix() -> None:
+    error = McpConnectionError(
+        "configuration_error", reason="invalid_name", connection=None, detail="the name is empty."
+    )
+    assert str(error) == "MCP configuration error: the name is empty."
+
+
+async def test_a_collision_at_discovery_names_both_connections_and_the_tool() -> None:
+    with serve_mcp("http") as running:
+        first = define(running, name="one", namespace="kb", allowlist=["search"])
+        second = define(running, name="two", namespace="kb")
+        with pytest.raises(McpConnectionError) as raised:
+            await connect(
+                second, McpConnectionDefinition(name="one", transport=first.transport, namespace="kb")
+            )
+    assert identity(raised.value) == ("configuration_error", "duplicate_tool_name", "one", "kb__search")
+    assert str(raised.value) == (
+        "MCP configuration error: the tool name 'kb__search' is offered by 'two' and 'one'."
+    )
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_listing_in_pages_is_read_to_its_end(transport: str) -> None:
+    with serve_mcp(transport, Behavior(paged_tools="one_per_page")) as running:
+        connections = await connect(define(running))
+        try:
+            exposed = set(named(connections))
+        finally:
+            await connections.close()
+        pages = running.log.count_rpc("tools/list")
+    assert {"docs__search", "docs__read", "docs__broken", "docs__unlock"} <= exposed
+    assert pages == len(exposed) + 1  # one page per tool, and the unusable one is skipped
+
+
+async def test_a_listing_that_never_ends_stops_after_a_bound_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with (
+        serve_mcp("http", Behavior(paged_tools="endless")) as running,
+        caplog.at_level(logging.WARNING, "bastion.mcp"),
+    ):
+        connections = await connect(define(running))
+        try:
+            assert connections.tools == []
+        finally:
+            await connections.close()
+        pages = running.log.count_rpc("tools/list")
+    assert pages == 100
+    assert [record.getMessage() for record in caplog.records] == [
+        "The docs connection lists too many pages of tools; using the first ones."
+    ]
+
+
+@pytest.mark.parametrize("method", ["initialize", "tools/list"])
+async def test_a_server_answering_discovery_with_an_error_fails_it_as_connection_failed(method: str) -> None:
+    with (
+        serve_mcp("http", Behavior(refuse_rpc=method)) as running,
+        pytest.raises(McpConnectionError) as raised,
+    ):
+        await connect(define(running))
+    assert identity(raised.value) == ("discovery_failed", "connection_failed", "docs", None)
+    assert_reveals_nothing(raised.value)
+
+
+async def test_content_items_are_json_in_the_protocols_own_field_names(server: RunningServer) -> None:
+    connections = await connect(define(server, allowlist=["cite"]))
+    try:
+        output = await run(named(connections)["docs__cite"], {"id": "7"})
+    finally:
+        await connections.close()
+    assert output == {
+        "content": [
+            {"type": "resource_link", "uri": "file:///docs/7", "name": "doc-7", "mimeType": "text/plain"}
+        ]
+    }
+
+
+async def test_a_tool_without_a_description_is_described_by_its_title_or_not_at_all(
+    server: RunningServer,
+) -> None:
+    connections = await connect(define(server, allowlist=["titled", "undescribed"]))
+    try:
+        described = {name: item.description for name, item in named(connections).items()}
+    finally:
+        await connections.close()
+    assert described == {"docs__titled": "Titled, not described", "docs__undescribed": ""}
+
+
+async def test_a_remote_tool_whose_name_cannot_be_exposed_is_skipped_with_a_warning(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, "bastion.mcp"):
+        connections = await connect(define(server))
+    try:
+        assert "docs__search" in named(connections)
+        assert not any("has.dot" in name for name in named(connections))
+    finally:
+        await connections.close()
+    [skipped] = [r for r in caplog.records if r.getMessage().startswith("Skipping")]
+    assert (
+        skipped.getMessage()
+        == "Skipping a tool of the docs connection: its name or input schema is unusable."
+    )
+    assert skipped.exc_info is not None
+
+
+async def test_closing_leaves_no_task_of_the_connections_running(server: RunningServer) -> None:
+    before = asyncio.all_tasks()
+    with_signal = await connect(define(server, allowlist=["search"]), cancel=asyncio.Event())
+    await with_signal.close()
+    without_signal = await connect(define(server, allowlist=["search"]))
+    await without_signal.close()
+    await asyncio.sleep(0)
+    assert {task for task in asyncio.all_tasks() - before if not task.done()} == set()

@@ -158,25 +158,26 @@ def _message(
 ) -> str:
     """Messages built from names the application chose, never from anything the server sent."""
     where = f"the {connection} connection" if connection else "an MCP connection"
+    subject = where[0].upper() + where[1:]  # not `capitalize()`: it would lowercase the name and "MCP"
     if code == "configuration_error":
-        return f"MCP configuration error: {detail}" if detail else f"{where.capitalize()} is misconfigured."
+        return f"MCP configuration error: {detail}" if detail else f"{subject} is misconfigured."
     if code == "authorization_required":
         if reason == "credential_refused":
             return f"The credentials for {where} were refused. Reconnect it and try again."
-        return f"{where.capitalize()} needs authorization. Reconnect it and try again."
+        return f"{subject} needs authorization. Reconnect it and try again."
     if code == "cleanup_failed":
-        return f"{where.capitalize()} did not close cleanly."
+        return f"{subject} did not close cleanly."
     if code == "execution_failed":
         if reason == "tool_error":
             return f"The tool {tool} on {where} reported an error."
         if reason == "closed":
-            return f"{where.capitalize()} is closed."
+            return f"{subject} is closed."
         if reason == "timeout":
             return f"The tool {tool} on {where} did not answer in time."
         return f"The tool {tool} failed on {where}."
     if reason == "timeout":
-        return f"{where.capitalize()} did not answer in time."
-    return f"{where.capitalize()} is unavailable."
+        return f"{subject} did not answer in time."
+    return f"{subject} is unavailable."
 
 
 @dataclass(frozen=True, kw_only=True)
