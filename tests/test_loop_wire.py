@@ -506,3 +506,33 @@ async def test_a_call_its_policy_refuses_at_execution_shows_the_denied_output_to
     assert [(r.tool_name, r.tool_call_id, r.content, r.outcome) for r in returns] == [
         ("send", "c1", {"refused": True}, "denied")
     ]
+
+
+async def test_a_cancel_while_text_streams_ends_the_open_text_part() -> None:
+    cancel = asyncio.Event()
+
+    async def cut_off(messages: list[Any], info: AgentInfo) -> AsyncIterator[Any]:
+        yield "Partial"
+        cancel.set()
+        await asyncio.Event().wait()
+        yield "never"
+
+    session = await plain().prepare(context=None, cancel=cancel)
+    result = await session.stream(model=FunctionModel(stream_function=cut_off), messages=[user("hi")])
+    assert await collect(result) == [
+        {"type": "start-step"},
+        {"type": "text-start", "id": "0-0"},
+        {"type": "text-delta", "id": "0-0", "delta": "Partial"},
+        {"type": "text-end", "id": "0-0"},
+        {"type": "finish-step"},
+    ]
+
+
+async def test_arguments_to_a_dynamic_tool_that_are_not_an_object_are_flagged_dynamic() -> None:
+    async def echo(call: ToolCall) -> Any:
+        return call.input
+
+    remote = Tool(name="remote", execute=echo, dynamic=True)
+    _, chunks = await turn(plain(remote=remote), ScriptedModel([Call("remote", "[1]", "c1")], ["ok"]))
+    [error] = [chunk for chunk in chunks if chunk["type"] == "tool-input-error"]
+    assert error["dynamic"] is True and error["input"] == {}
