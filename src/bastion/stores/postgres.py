@@ -290,6 +290,7 @@ class PostgresStore:
         history_window: int = 100,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
+        durable: bool = False,
     ) -> PostgresAgentPersistence:
         """The `AgentPersistence` of this store; see `PostgresAgentPersistence`."""
         return PostgresAgentPersistence(
@@ -297,6 +298,7 @@ class PostgresStore:
             history_window=history_window,
             lease_seconds=lease_seconds,
             can_respond_to_approval=can_respond_to_approval,
+            durable=durable,
         )
 
     @asynccontextmanager
@@ -509,6 +511,11 @@ class PostgresAgentPersistence(TurnPersistence):
     it; a newer turn replaces a run whose lease expired, or whose process provably died (its
     worker lock is free), and records it as interrupted. A conversation a live turn holds is
     refused with `ConversationBusyError`, which carries `Retry-After`.
+
+    With `durable=True` (a turn run as a durable workflow, `bastion.durable`) the runs it claims are
+    marked durable in the claim's own transaction: such a run is not replaced when its process dies,
+    since a live process adopts it (`adopt_run`) and finishes it; only its lease running out frees
+    its conversation then.
     """
 
     def __init__(
@@ -518,6 +525,7 @@ class PostgresAgentPersistence(TurnPersistence):
         history_window: int = 100,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
+        durable: bool = False,
     ) -> None:
         super().__init__(
             history_window=history_window,
@@ -526,6 +534,55 @@ class PostgresAgentPersistence(TurnPersistence):
         )
         self._store = store
         self._tails = store._tails
+        self.durable: Final = durable
+
+    def with_durable_runs(self) -> PostgresAgentPersistence:
+        """This persistence, claiming durable runs (see the class)."""
+        if self.durable:
+            return self
+        return PostgresAgentPersistence(
+            self._store,
+            history_window=self._window,
+            lease_seconds=self._lease_seconds,
+            can_respond_to_approval=self._can_respond,
+            durable=True,
+        )
+
+    async def adopt_run(self, context: TurnContext, state: TurnState) -> bool:
+        """Take over a durable run whose process died: this process runs it from now on.
+
+        One round trip. False, and nothing changes, when the run is no longer the conversation's
+        running turn (it was settled or replaced meanwhile) or its process is still alive. Operations
+        the dead process left in flight are settled as failed: their outcome is unknown, so running
+        them again is refused unless the tool is idempotent.
+        """
+        await self._store._hold_worker_lock()
+        with _database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                cursor = await conn.execute(
+                    "select bastion.adopt_run(%s, %s, %s)",
+                    (state.run_id, self._store.worker_key, self._lease_seconds),
+                )
+            adopted = bool(_single(await cursor.fetchone()))
+        self._tails.evict(tail_key(context.identity, state.conversation_id))
+        if adopted:
+            self._store._leases.hold(state.run_id, self._lease_seconds)
+        return adopted
+
+    async def record_tool_results(self, context: TurnContext, state: TurnState) -> None:
+        """Write the results of this run's finished operations now, not with its next write (a
+        durable turn does so before each model request, so a replayed request never saw a result
+        the store lacks)."""
+        results = list(state.unrecorded_results)
+        if not results:
+            return
+        with _database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                await conn.execute(
+                    "select bastion.record_run_results(%s, %s, %s)",
+                    (state.conversation_id, state.run_id, Jsonb(recordable(results))),
+                )
+        del state.unrecorded_results[: len(results)]
 
     async def start_run(self, context: TurnContext, input: RunInput) -> RunStart[TurnState]:
         key = tail_key(context.identity, context.conversation_id)
@@ -627,7 +684,7 @@ class PostgresAgentPersistence(TurnPersistence):
     ) -> psycopg.AsyncCursor[TupleRow]:
         """Queue `bastion.claim_turn`: the writes of `plan`, if the conversation is still at `base`."""
         events = [run_event(run_id, "started"), *approval_response_events(tail, history)]
-        return await conn.execute(
+        claim = await conn.execute(
             "select bastion.claim_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (
                 context.conversation_id,
@@ -643,6 +700,10 @@ class PostgresAgentPersistence(TurnPersistence):
                 Jsonb(events),
             ),
         )
+        if self.durable:
+            # Queued in the same transaction: a durable run is never visible unmarked.
+            await conn.execute("select bastion.mark_run_durable(%s)", (run_id,))
+        return claim
 
     def _claimed(
         self,
