@@ -4,7 +4,7 @@ It serves `chat_routes(durable=engine)` over uvicorn on the test database, with 
 streams slowly and a tool that takes a while. Every model request and every tool execution is
 recorded in `public.durable_turn_effects` through the owner's connection, outside any turn's
 transaction, so a request or a side effect that happens twice shows twice. The user's text says
-what to do: `turn …` (a text step, a tool call, then a text step), `approve …` (the same with a
+what to do: `turn <id>` (a text step, a tool call, then a text step), `approve …` (the same with a
 tool that needs approval), anything else one short text step.
 
 `BASTION_TEST_DIE` makes the process SIGKILL itself at a point a timer cannot hit reliably:
@@ -50,12 +50,25 @@ def delay() -> float:
     return float(os.environ.get("BASTION_TEST_DELAY", "0.08"))
 
 
-async def record(conversation: str, kind: str) -> None:
+async def record(conversation: str, kind: str) -> int:
+    """Record one effect; how many of its kind the conversation had before."""
     async with await psycopg.AsyncConnection.connect(os.environ["BASTION_TEST_DSN"], autocommit=True) as conn:
+        cursor = await conn.execute(
+            "select count(*) from public.durable_turn_effects where conversation = %s and kind = %s",
+            (conversation, kind),
+        )
+        row = await cursor.fetchone()
         await conn.execute(
             "insert into public.durable_turn_effects (conversation, kind, executor) values (%s, %s, %s)",
             (conversation, kind, EXECUTOR),
         )
+    return int(row[0]) if row else 0
+
+
+def step_text(step: int, attempt: int) -> str:
+    """What a request streams: a request asked again streams other text (one `*` per earlier ask),
+    so what a dead attempt showed can be told from what the turn kept."""
+    return "".join(f"{'ab'[min(step, 1)]}{index}{'*' * attempt} " for index in range(DELTAS))
 
 
 def latest_prompt(messages: list[ModelMessage]) -> tuple[str, int]:
@@ -73,13 +86,13 @@ def latest_prompt(messages: list[ModelMessage]) -> tuple[str, int]:
 async def scripted(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
     text, step = latest_prompt(messages)
     kind, _, conversation = text.partition(" ")
-    await record(conversation, f"model:{kind}:{step}")
+    attempt = await record(conversation, f"model:{kind}:{step}")
     if kind not in ("turn", "approve"):
         yield "ok"
         return
     await asyncio.sleep(delay() * 2)
-    for index in range(DELTAS):
-        yield f"{'ab'[min(step, 1)]}{index} "
+    for delta in step_text(step, attempt).split(" ")[:-1]:
+        yield delta + " "
         await asyncio.sleep(delay())
     if step == 0:
         name = "count_effect" if kind == "turn" else "approved_effect"

@@ -17,9 +17,9 @@ import pytest
 
 from bastion import assemble_ui_messages
 from tests.conftest import MigratedDatabase
+from tests.durable_chat_worker import step_text
 from tests.durable_cluster import Cluster, Worker, cluster_of, post_turn, resumed_stream, until, user_message
 
-FULL_TEXT = "".join(f"a{i} " for i in range(6)) + "".join(f"b{i} " for i in range(6))
 # Where a turn is when its worker is killed: the effect it waits for, then how many model deltas more.
 KILL_POINTS = {
     "model": ("model:turn:0", 0),  # the model was asked and has not answered yet
@@ -59,21 +59,28 @@ async def settled(cluster: Cluster, conversation: str) -> str:
 
 
 async def check_turn(
-    cluster: Cluster, conversation: str, resumed: list[dict[str, Any]] | None, *, tool_ran: bool
+    cluster: Cluster,
+    conversation: str,
+    resumed: list[dict[str, Any]] | None,
+    *,
+    tool_ran: bool,
+    kind: str = "turn",
 ) -> dict[str, Any]:
     """One complete assistant message, equal to what the resumed stream assembles to."""
     assert await settled(cluster, conversation) == "completed"
     stored = cluster.messages(conversation)
     assert [m["role"] for m in stored] == ["user", "assistant"]
     reply = stored[1]
-    assert text_of(reply) == FULL_TEXT
+    # The text of each model request's last attempt, nothing of the attempts a kill cut short.
+    asked = [cluster.count(conversation, f"model:{kind}:{step}") for step in (0, 1)]
+    assert text_of(reply) == step_text(0, asked[0] - 1) + step_text(1, asked[1] - 1)
     part = tool_part(reply)
     if tool_ran:
         assert (part["state"], part["output"]) == ("output-available", {"done": conversation})
     else:
         # Killed while the tool ran: its outcome is unknown, so it fails closed and never runs again.
         assert part["state"] == "output-error"
-    assert cluster.count(conversation, "tool:start") == 1
+    assert cluster.count(conversation, f"{'tool' if kind == 'turn' else 'approved'}:start") == 1
     if resumed is not None:
         assert assemble_ui_messages(resumed, stored[:1])[-1] == reply
     return reply
