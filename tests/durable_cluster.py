@@ -24,6 +24,8 @@ from typing import Any
 import httpx2
 import psycopg
 
+from bastion.durable import turn_workflow_id
+from bastion.stores.live import ChunkBatch, StreamAssembly
 from tests.conftest import MigratedDatabase
 from tests.durable_chat_worker import EFFECTS_TABLE, PROJECT_URL
 from tests.supabase_tokens import SigningKeys, es256, user_claims
@@ -97,6 +99,13 @@ class Cluster:
         self.workers.append(worker)
         return worker
 
+    async def worker(self, name: str, *, die: str | None = None) -> Worker:
+        """The live worker called `name`, started when there is none (again, after a kill)."""
+        for worker in self.workers:
+            if worker.name == name and worker.alive:
+                return worker
+        return await self.start(name, die=die)
+
     async def kill(self, worker: Worker) -> float:
         """SIGKILL the worker; the moment it died."""
         if worker.alive:
@@ -135,6 +144,25 @@ class Cluster:
                 (conversation,),
             ).fetchall()
         return [row[0] for row in rows]
+
+    def logged_stream(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's stream as its log holds it, superseded attempts resolved (what a reader replays)."""
+        assembly = StreamAssembly()
+        with self.admin() as conn:
+            for seq, reset, chunks in conn.execute(
+                "select seq, reset, chunks from bastion.run_chunks where run_id = %s order by id", (run_id,)
+            ):
+                assembly.apply(ChunkBatch(seq, chunks, reset))
+        return assembly.take()
+
+    def workflow(self, conversation: str, run_id: str) -> tuple[str, str] | None:
+        """The turn's workflow: its status and the executor that ran it last."""
+        with self.admin() as conn:
+            row = conn.execute(
+                "select status, executor_id from dbos.workflow_status where workflow_uuid = %s",
+                (turn_workflow_id(conversation, run_id),),
+            ).fetchone()
+        return (row[0], row[1]) if row else None
 
     def run(self, conversation: str) -> tuple[str, str, int | None] | None:
         """The conversation's latest run: id, status, worker key."""

@@ -1,24 +1,31 @@
 """Durable turns across real worker processes: a worker killed with SIGKILL at any point of a turn,
 and another worker finishes the turn from its last completed model request.
 
-Each worker is `tests.durable_chat_worker` (uvicorn, DBOS, a Postgres store) on the test database.
-The scripted model and the tool record every request and every side effect outside the turn's
-transaction, so the tests count what ran twice.
+Each worker is `tests.durable_chat_worker` (uvicorn, DBOS, a Postgres store) on the test database;
+the module shares one cluster, and a killed worker is started again (a new process) when a test
+needs it. The scripted model and the tools record every request and every side effect outside the
+turn's transaction, so the tests count what ran twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import random
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from bastion import assemble_ui_messages
 from tests.conftest import MigratedDatabase
 from tests.durable_chat_worker import step_text
 from tests.durable_cluster import Cluster, Worker, cluster_of, post_turn, resumed_stream, until, user_message
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 # Where a turn is when its worker is killed: the effect it waits for, then how many model deltas more.
 KILL_POINTS = {
@@ -27,6 +34,13 @@ KILL_POINTS = {
     "tool": ("tool:start", 1),  # the tool is running
     "second-stream": ("model:turn:1", 5),  # mid-stream of the request after the tool
 }
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster(migrated_database: MigratedDatabase) -> AsyncIterator[Cluster]:
+    async with cluster_of(migrated_database) as cluster:
+        await asyncio.gather(cluster.worker("first"), cluster.worker("second"))
+        yield cluster
 
 
 def text_of(message: dict[str, Any]) -> str:
@@ -38,9 +52,8 @@ def tool_part(message: dict[str, Any]) -> dict[str, Any]:
     return part
 
 
-async def kill_at(cluster: Cluster, worker: Worker, conversation: str, point: str) -> float:
-    """Wait until the turn reached `point`, then SIGKILL its worker; the moment it died."""
-    kind, deltas = KILL_POINTS[point]
+async def kill_at(cluster: Cluster, worker: Worker, conversation: str, kind: str, deltas: int) -> float:
+    """Wait until the turn recorded `kind` and streamed `deltas` more, then SIGKILL its worker."""
     await until(lambda: cluster.count(conversation, kind) > 0)
     await asyncio.sleep(cluster.delay * deltas)
     return await cluster.kill(worker)
@@ -48,9 +61,7 @@ async def kill_at(cluster: Cluster, worker: Worker, conversation: str, point: st
 
 async def taken_over(cluster: Cluster, conversation: str, by: Worker, killed_at: float) -> float:
     """Seconds from the kill until `by` adopted the run."""
-    await until(
-        lambda: (run := cluster.run(conversation)) is not None and run[2] == by.worker_key, timeout=30
-    )
+    await until(lambda: (run := cluster.run(conversation)) is not None and run[2] == by.worker_key, 30)
     return time.monotonic() - killed_at
 
 
@@ -65,8 +76,9 @@ async def check_turn(
     *,
     tool_ran: bool,
     kind: str = "turn",
+    history: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One complete assistant message, equal to what the resumed stream assembles to."""
+    """One complete assistant message, equal to what the resumed stream and the log assemble to."""
     assert await settled(cluster, conversation) == "completed"
     stored = cluster.messages(conversation)
     assert [m["role"] for m in stored] == ["user", "assistant"]
@@ -80,42 +92,139 @@ async def check_turn(
     else:
         # Killed while the tool ran: its outcome is unknown, so it fails closed and never runs again.
         assert part["state"] == "output-error"
-    assert cluster.count(conversation, f"{'tool' if kind == 'turn' else 'approved'}:start") == 1
+    effect = "tool" if kind == "turn" else "approved"
+    assert cluster.count(conversation, f"{effect}:start") == 1
+    history = history if history is not None else stored[:1]
     if resumed is not None:
-        assert assemble_ui_messages(resumed, stored[:1])[-1] == reply
+        assert assemble_ui_messages(resumed, history)[-1] == reply
+    run = cluster.run(conversation)
+    assert run is not None
+    assert assemble_ui_messages(cluster.logged_stream(run[0]), history)[-1] == reply
     return reply
 
 
 async def next_turn(cluster: Cluster, worker: Worker, user: str, conversation: str) -> None:
     history = cluster.messages(conversation)
-    posted = await post_turn(
-        cluster, worker, user, conversation, [*history, user_message(f"next {conversation}")]
-    )
-    status, chunks = await posted
+    messages = [*history, user_message(f"next {conversation}")]
+    status, chunks = await (await post_turn(cluster, worker, user, conversation, messages))
     assert status == 200 and chunks[-1]["type"] == "finish"
-    assert [m["role"] for m in cluster.messages(conversation)] == ["user", "assistant", "user", "assistant"]
+    assert [m["role"] for m in cluster.messages(conversation)][-2:] == ["user", "assistant"]
 
 
 @pytest.mark.parametrize("point", list(KILL_POINTS))
 async def test_a_turn_whose_worker_is_killed_is_finished_by_another_from_its_last_completed_step(
-    migrated_database: MigratedDatabase, point: str
+    cluster: Cluster, point: str
 ) -> None:
-    async with cluster_of(migrated_database) as cluster:
-        first, second = await asyncio.gather(cluster.start("first"), cluster.start("second"))
-        user, conversation = str(uuid.uuid4()), str(uuid.uuid4())
-        posted = await post_turn(cluster, first, user, conversation, [user_message(f"turn {conversation}")])
-        killed_at = await kill_at(cluster, first, conversation, point)
-        resuming = asyncio.ensure_future(resumed_stream(cluster, second, user, conversation))
-        seconds = await taken_over(cluster, conversation, second, killed_at)
-        print(f"take-over after a kill at {point}: {seconds:.2f} s")
-        await posted  # the client's stream broke with its worker
-        reply = await check_turn(cluster, conversation, await resuming, tool_ran=point != "tool")
-        # A completed model request is never asked again; the interrupted one is asked once more.
-        first_request, second_request = {
-            "model": (2, 1), "stream": (2, 1), "tool": (1, 1), "second-stream": (1, 2),
-        }[point]  # fmt: skip
-        assert cluster.count(conversation, "model:turn:0") == first_request
-        assert cluster.count(conversation, "model:turn:1") == second_request
-        assert cluster.count(conversation, "tool:done") == (0 if point == "tool" else 1)
-        assert reply["id"]
-        await next_turn(cluster, second, user, conversation)
+    first, second = await cluster.worker("first"), await cluster.worker("second")
+    user, conversation = str(uuid.uuid4()), str(uuid.uuid4())
+    posted = await post_turn(cluster, first, user, conversation, [user_message(f"turn {conversation}")])
+    killed_at = await kill_at(cluster, first, conversation, *KILL_POINTS[point])
+    resuming = asyncio.ensure_future(resumed_stream(cluster, second, user, conversation))
+    seconds = await taken_over(cluster, conversation, second, killed_at)
+    print(f"take-over after a kill at {point}: {seconds:.2f} s")
+    await posted  # the client's stream broke with its worker
+    await check_turn(cluster, conversation, await resuming, tool_ran=point != "tool")
+    # A completed model request is never asked again; the interrupted one is asked once more.
+    asked = {"model": (2, 1), "stream": (2, 1), "tool": (1, 1), "second-stream": (1, 2)}[point]
+    assert (cluster.count(conversation, "model:turn:0"), cluster.count(conversation, "model:turn:1")) == asked
+    assert cluster.count(conversation, "tool:done") == (0 if point == "tool" else 1)
+    await next_turn(cluster, second, user, conversation)
+
+
+@pytest.mark.parametrize("point", ["before-save", "after-save"])
+async def test_a_turn_whose_worker_dies_while_saving_is_saved_once(cluster: Cluster, point: str) -> None:
+    dying, second = await cluster.worker(point, die=point), await cluster.worker("second")
+    user, conversation = str(uuid.uuid4()), str(uuid.uuid4())
+    posted = await post_turn(cluster, dying, user, conversation, [user_message(f"turn {conversation}")])
+    await dying.process.wait()  # it killed itself at the save
+    await posted
+    run = cluster.run(conversation)
+    assert run is not None
+    if point == "before-save":
+        await taken_over(cluster, conversation, second, time.monotonic())
+    await check_turn(cluster, conversation, None, tool_ran=True)
+    # Nothing was asked or run again: the new worker replayed the whole turn from its steps and claims.
+    assert (cluster.count(conversation, "model:turn:0"), cluster.count(conversation, "model:turn:1")) == (
+        1,
+        1,
+    )
+    assert cluster.count(conversation, "tool:done") == 1
+    # The workflow ends on the live worker either way; after the save it finds nothing left to do.
+    await until(lambda: cluster.workflow(conversation, run[0]) == ("SUCCESS", second.executor), 30)
+    await next_turn(cluster, second, user, conversation)
+
+
+async def test_an_approval_paused_turn_survives_a_restart_and_its_continuation_is_durable(
+    cluster: Cluster,
+) -> None:
+    first = await cluster.worker("first")
+    user, conversation = str(uuid.uuid4()), str(uuid.uuid4())
+    posted = await post_turn(cluster, first, user, conversation, [user_message(f"approve {conversation}")])
+    status, chunks = await posted
+    assert status == 200 and "tool-approval-request" in [c["type"] for c in chunks]
+    assert await settled(cluster, conversation) == "waiting_for_approval"
+    await cluster.kill(first)  # a restart (or a deploy) while the user decides
+    first, second = await cluster.worker("first"), await cluster.worker("second")
+    answered = cluster.messages(conversation)
+    pending = tool_part(answered[1])
+    assert pending["state"] == "approval-requested"
+    pending["state"] = "approval-responded"
+    pending["approval"]["approved"] = True
+    posted = await post_turn(cluster, first, user, conversation, answered)
+    killed_at = await kill_at(cluster, first, conversation, "model:approve:1", 4)
+    resuming = asyncio.ensure_future(resumed_stream(cluster, second, user, conversation))
+    await taken_over(cluster, conversation, second, killed_at)
+    await posted
+    reply = await check_turn(
+        cluster, conversation, await resuming, tool_ran=True, kind="approve", history=answered
+    )
+    assert reply["id"] == answered[1]["id"]
+    assert cluster.count(conversation, "approved:done") == 1
+    assert (
+        cluster.count(conversation, "model:approve:0"),
+        cluster.count(conversation, "model:approve:1"),
+    ) == (1, 2)
+    await next_turn(cluster, second, user, conversation)
+
+
+async def chaos(cluster: Cluster, kills: int, seed: int) -> None:
+    """`kills` SIGKILLs at random points of turns in flight on two workers, each killed worker started
+    again; then no turn is lost, no side effect ran twice, every stored reply equals its stream, and
+    every conversation takes its next turn."""
+    rng = random.Random(seed)
+    user = str(uuid.uuid4())
+    turn_seconds = cluster.delay * 22  # two requests of 2 + 6 delays, and a tool of 6
+    conversations: list[str] = []
+    for round_ in range(kills):
+        target = await cluster.worker(("first", "second")[round_ % 2])
+        started = [str(uuid.uuid4()) for _ in range(2)]
+        conversations += started
+        for conversation in started:
+            await post_turn(cluster, target, user, conversation, [user_message(f"turn {conversation}")])
+        await asyncio.sleep(rng.uniform(0, turn_seconds))
+        await cluster.kill(target)
+        await cluster.worker(target.name)
+    survivor = await cluster.worker("first")
+    for conversation in conversations:
+        assert await settled(cluster, conversation) == "completed", "a turn was lost"
+        stored = cluster.messages(conversation)
+        assert [m["role"] for m in stored] == ["user", "assistant"]
+        reply = stored[1]
+        asked = [cluster.count(conversation, f"model:turn:{step}") for step in (0, 1)]
+        assert text_of(reply) == step_text(0, asked[0] - 1) + step_text(1, asked[1] - 1)
+        assert cluster.count(conversation, "tool:start") == 1, "a side effect ran twice"
+        if tool_part(reply)["state"] == "output-available":
+            assert cluster.count(conversation, "tool:done") == 1
+        run = cluster.run(conversation)
+        assert run is not None
+        assert assemble_ui_messages(cluster.logged_stream(run[0]), stored[:1])[-1] == reply
+    await asyncio.gather(*(next_turn(cluster, survivor, user, c) for c in conversations))
+
+
+async def test_turns_survive_kills_at_random_points(cluster: Cluster) -> None:
+    await chaos(cluster, kills=3, seed=11)
+
+
+@pytest.mark.chaos
+async def test_turns_survive_many_kills_at_random_points(cluster: Cluster) -> None:
+    await chaos(cluster, kills=int(os.environ.get("BASTION_CHAOS_KILLS", "24")), seed=int(time.time()))
