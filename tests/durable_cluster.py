@@ -58,7 +58,8 @@ class Cluster:
     database: MigratedDatabase
     keys: SigningKeys = field(default_factory=SigningKeys)
     workers: list[Worker] = field(default_factory=list)
-    delay: float = 0.08
+    starting: dict[str, asyncio.Task[Worker]] = field(default_factory=dict)
+    delay: float = 0.05
     log_dir: Path | None = None
 
     def __post_init__(self) -> None:
@@ -104,7 +105,18 @@ class Cluster:
         for worker in self.workers:
             if worker.name == name and worker.alive:
                 return worker
-        return await self.start(name, die=die)
+        if name not in self.starting or self.starting[name].done():
+            self.starting[name] = asyncio.ensure_future(self.start(name, die=die))
+        try:
+            return await asyncio.shield(self.starting[name])
+        finally:
+            if self.starting.get(name) is not None and self.starting[name].done():
+                del self.starting[name]
+
+    def restart_soon(self, name: str) -> None:
+        """Start the worker called `name` again in the background (`worker(name)` waits for it)."""
+        if name not in self.starting or self.starting[name].done():
+            self.starting[name] = asyncio.ensure_future(self.start(name))
 
     async def kill(self, worker: Worker) -> float:
         """SIGKILL the worker; the moment it died."""
@@ -114,6 +126,7 @@ class Cluster:
         return time.monotonic()
 
     async def close(self) -> None:
+        await asyncio.gather(*self.starting.values(), return_exceptions=True)
         for worker in self.workers:
             if worker.alive:
                 worker.process.send_signal(signal.SIGTERM)
@@ -243,7 +256,7 @@ async def resumed_stream(
 
 @contextlib.asynccontextmanager
 async def cluster_of(
-    database: MigratedDatabase, delay: float = 0.08, log_dir: Path | None = None
+    database: MigratedDatabase, delay: float = 0.05, log_dir: Path | None = None
 ) -> AsyncIterator[Cluster]:
     cluster = Cluster(database, delay=delay, log_dir=log_dir or _log_dir())
     try:

@@ -119,6 +119,7 @@ async def test_a_turn_whose_worker_is_killed_is_finished_by_another_from_its_las
     user, conversation = str(uuid.uuid4()), str(uuid.uuid4())
     posted = await post_turn(cluster, first, user, conversation, [user_message(f"turn {conversation}")])
     killed_at = await kill_at(cluster, first, conversation, *KILL_POINTS[point])
+    cluster.restart_soon("first")
     resuming = asyncio.ensure_future(resumed_stream(cluster, second, user, conversation))
     seconds = await taken_over(cluster, conversation, second, killed_at)
     print(f"take-over after a kill at {point}: {seconds:.2f} s")
@@ -172,6 +173,7 @@ async def test_an_approval_paused_turn_survives_a_restart_and_its_continuation_i
     pending["approval"]["approved"] = True
     posted = await post_turn(cluster, first, user, conversation, answered)
     killed_at = await kill_at(cluster, first, conversation, "model:approve:1", 4)
+    cluster.restart_soon("first")
     resuming = asyncio.ensure_future(resumed_stream(cluster, second, user, conversation))
     await taken_over(cluster, conversation, second, killed_at)
     await posted
@@ -203,7 +205,7 @@ async def chaos(cluster: Cluster, kills: int, seed: int) -> None:
             await post_turn(cluster, target, user, conversation, [user_message(f"turn {conversation}")])
         await asyncio.sleep(rng.uniform(0, turn_seconds))
         await cluster.kill(target)
-        await cluster.worker(target.name)
+        cluster.restart_soon(target.name)
     survivor = await cluster.worker("first")
     for conversation in conversations:
         assert await settled(cluster, conversation) == "completed", "a turn was lost"
