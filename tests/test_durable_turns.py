@@ -214,9 +214,10 @@ async def chaos(cluster: Cluster, kills: int, seed: int) -> None:
         reply = stored[1]
         asked = [cluster.count(conversation, f"model:turn:{step}") for step in (0, 1)]
         assert text_of(reply) == step_text(0, asked[0] - 1) + step_text(1, asked[1] - 1)
-        assert cluster.count(conversation, "tool:start") == 1, "a side effect ran twice"
+        # At most once: a kill between the claim and the side effect leaves it uncertain, never rerun.
+        assert cluster.count(conversation, "tool:start") <= 1, "a side effect ran twice"
         if tool_part(reply)["state"] == "output-available":
-            assert cluster.count(conversation, "tool:done") == 1
+            assert cluster.count(conversation, "tool:start") == cluster.count(conversation, "tool:done") == 1
         run = cluster.run(conversation)
         assert run is not None
         assert assemble_ui_messages(cluster.logged_stream(run[0]), stored[:1])[-1] == reply

@@ -13,7 +13,7 @@ from bastion.durable.engine import (
     migrate_durable,
     system_database_url,
 )
-from bastion.durable.turns import DurableTurnError, DurableTurns, turn_workflow_id
+from bastion.durable.turns import DurableTurnError, DurableTurns, prune_finished_turns, turn_workflow_id
 
 __all__ = [
     "DURABLE_APPLICATION_VERSION",
@@ -23,6 +23,7 @@ __all__ = [
     "DurableTurnError",
     "DurableTurns",
     "migrate_durable",
+    "prune_finished_turns",
     "system_database_url",
     "turn_workflow_id",
 ]

@@ -31,6 +31,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from dbos import DBOS, SetWorkflowID
@@ -42,7 +43,7 @@ from bastion.auth import Principal
 from bastion.persistence import AgentRun, RunStart
 from bastion.stores.entities import StoreIdentity, TurnContext, TurnState
 from bastion.stores.live import ChunkLog
-from bastion.stores.postgres import PostgresAgentPersistence
+from bastion.stores.postgres import PostgresAgentPersistence, PostgresStore
 from bastion.stream import AgentStreamResponse, TurnRunner
 from bastion.tools import CallOrigin
 
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from bastion.durable.engine import DurableEngine
     from bastion.stores.chat import ChatEndpoint, ChatTurn
 
-__all__ = ["DurableTurnError", "DurableTurns", "turn_workflow_id"]
+__all__ = ["DurableTurnError", "DurableTurns", "prune_finished_turns", "turn_workflow_id"]
 
 logger = logging.getLogger("bastion.durable")
 
@@ -75,6 +76,24 @@ class DurableTurnError(RuntimeError):
 def turn_workflow_id(conversation_id: str, run_id: str) -> str:
     """The workflow id of a run's turn: one workflow per claimed run."""
     return f"{WORKFLOW_NAME}:{conversation_id}:{run_id}"
+
+
+async def prune_finished_turns(store: PostgresStore, *, older_than: timedelta) -> tuple[int, int]:
+    """Retention: delete the turn workflows (their inputs hold the conversation) and the stream logs
+    of turns that ended more than `older_than` ago. Returns (workflows, log rows) deleted. Needs this
+    process's launched engine; run it now and then from one worker or a job."""
+    cutoff = (datetime.now(UTC) - older_than).isoformat()
+    finished = await DBOS.list_workflows_async(
+        name=WORKFLOW_NAME,
+        status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
+        completed_before=cutoff,
+        load_input=False,
+        load_output=False,
+    )
+    ids = [workflow.workflow_id for workflow in finished]
+    if ids:
+        await DBOS.delete_workflows_async(ids)
+    return len(ids), await store.prune_run_chunks(older_than=older_than)
 
 
 class DurableTurns:

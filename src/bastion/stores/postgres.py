@@ -18,6 +18,7 @@ import inspect
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
+from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self, TypeAlias
 
@@ -283,6 +284,15 @@ class PostgresStore:
         if not isinstance(conninfo, str):
             raise ValueError("Pass admin_conninfo: this pool's connection string is computed.")
         return await apply_migrations(conninfo, upto=upto)
+
+    async def prune_run_chunks(self, *, older_than: timedelta) -> int:
+        """Delete the stream logs of runs that ended more than `older_than` ago (they are replayed only
+        while a run is in flight); the rows deleted. Run it now and then, for retention."""
+        if older_than < timedelta(0):
+            raise ValueError("older_than must not be negative")
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute("select bastion.prune_run_chunks(%s)", (older_than,))
+            return int(_single(await cursor.fetchone()))
 
     def persistence(
         self,
