@@ -71,7 +71,8 @@ async def test_a_durable_run_of_a_dead_worker_waits_to_be_adopted_and_only_a_dea
     other = await PostgresStore.open(migrated_database.app_dsn, max_size=2)
     try:
         conversation = (await live.create_conversation(who)).id
-        persistence, context, state = await claim(dead, who, conversation, durable=True)
+        persistence, context, state = await claim(dead, who, conversation)
+        assert await persistence.mark_durable(context, state) is True
         ran: list[str] = []
         forever = asyncio.Event()
         running = [
@@ -81,7 +82,7 @@ async def test_a_durable_run_of_a_dead_worker_waits_to_be_adopted_and_only_a_dea
         while len(ran) < 2:
             await asyncio.sleep(0.01)
         # While its worker lives, nobody else adopts the run.
-        adopter = live.persistence(durable=True)
+        adopter = live.persistence()
         assert await adopter.adopt_run(context, state) is False
         await dead.close()  # the worker lock goes with the process
         for task in running:
@@ -99,7 +100,7 @@ async def test_a_durable_run_of_a_dead_worker_waits_to_be_adopted_and_only_a_dea
         )
         assert ran == ["op/send", "op/save", "op/save"]
         # A live adopter keeps it; a settled run is adopted by nobody.
-        assert await other.persistence(durable=True).adopt_run(context, state) is False
+        assert await other.persistence().adopt_run(context, state) is False
         await adopter.finish_run(context, state, RunOutcome(status="completed"))
         await other.close()
         assert await adopter.adopt_run(context, state) is False
@@ -115,7 +116,8 @@ async def test_a_durable_run_whose_every_worker_died_frees_its_conversation_when
     dead = await PostgresStore.open(migrated_database.app_dsn, max_size=2)
     async with await PostgresStore.open(migrated_database.app_dsn, max_size=2) as live:
         conversation = (await live.create_conversation(who)).id
-        _, context, state = await claim(dead, who, conversation, durable=True, lease_seconds=0.5)
+        persistence, context, state = await claim(dead, who, conversation, lease_seconds=0.5)
+        await persistence.mark_durable(context, state)
         await dead.close()
         for _ in range(200):
             try:
@@ -126,7 +128,7 @@ async def test_a_durable_run_whose_every_worker_died_frees_its_conversation_when
         else:
             raise AssertionError("The conversation never freed itself.")
         # Replaced: a take-over that comes now finds nothing to adopt.
-        assert await live.persistence(durable=True).adopt_run(context, state) is False
+        assert await live.persistence().adopt_run(context, state) is False
         events = [(e.type, e.run_id) for e in await live.list_events(who, conversation)]
         assert ("run.interrupted", state.run_id) in events
 

@@ -110,7 +110,6 @@ class DurableTurns:
             )
         if endpoint.live is None:
             raise DurableTurnError("Durable turns need a store with live turns (PostgresStore).")
-        endpoint.persistence = persistence.with_durable_runs()
         self.endpoint = endpoint
         self.engine = engine
         self.name = name or f"{endpoint.agent.name}:{endpoint.path}"
@@ -118,12 +117,22 @@ class DurableTurns:
 
     async def respond(self, turn: ChatTurn, run: AgentRun[Any, Any]) -> AgentStreamResponse:
         """The fast path: the claimed turn's response, its turn run inside its workflow here."""
-        hooks = _TurnHooks(self._persistence, _context(turn), run)
+        persistence, context = self._persistence, _context(turn)
+        hooks = _TurnHooks(persistence, context, run)
         workflow_input = self._input(turn, run, hooks.message_id)
         workflow_id = turn_workflow_id(turn.conversation_id, turn.run_id)
 
         async def runner(run_turn: Callable[[], Awaitable[None]]) -> None:
-            _LOCAL[workflow_id] = run_turn
+            async def run_durably() -> None:
+                # Only now that the workflow exists is the run durable: had this process died before,
+                # its run would be replaced at once, having streamed nothing.
+                try:
+                    await persistence.mark_durable(context, run.state)
+                except Exception:
+                    logger.exception("Marking a run durable failed; a newer turn may replace it if we die.")
+                await run_turn()
+
+            _LOCAL[workflow_id] = run_durably
             try:
                 with SetWorkflowID(workflow_id):
                     handle = await DBOS.start_workflow_async(_turn_workflow, workflow_input)

@@ -300,7 +300,6 @@ class PostgresStore:
         history_window: int = 100,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
-        durable: bool = False,
     ) -> PostgresAgentPersistence:
         """The `AgentPersistence` of this store; see `PostgresAgentPersistence`."""
         return PostgresAgentPersistence(
@@ -308,7 +307,6 @@ class PostgresStore:
             history_window=history_window,
             lease_seconds=lease_seconds,
             can_respond_to_approval=can_respond_to_approval,
-            durable=durable,
         )
 
     @asynccontextmanager
@@ -522,10 +520,9 @@ class PostgresAgentPersistence(TurnPersistence):
     worker lock is free), and records it as interrupted. A conversation a live turn holds is
     refused with `ConversationBusyError`, which carries `Retry-After`.
 
-    With `durable=True` (a turn run as a durable workflow, `bastion.durable`) the runs it claims are
-    marked durable in the claim's own transaction: such a run is not replaced when its process dies,
-    since a live process adopts it (`adopt_run`) and finishes it; only its lease running out frees
-    its conversation then.
+    A run a durable workflow runs (`bastion.durable`) is marked durable once its workflow exists
+    (`mark_durable`): it is not replaced when its process dies, since a live process adopts it
+    (`adopt_run`) and finishes it; only its lease running out frees its conversation then.
     """
 
     def __init__(
@@ -535,7 +532,6 @@ class PostgresAgentPersistence(TurnPersistence):
         history_window: int = 100,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
-        durable: bool = False,
     ) -> None:
         super().__init__(
             history_window=history_window,
@@ -544,22 +540,18 @@ class PostgresAgentPersistence(TurnPersistence):
         )
         self._store = store
         self._tails = store._tails
-        self.durable: Final = durable
 
-    def with_durable_runs(self) -> PostgresAgentPersistence:
-        """This persistence, claiming durable runs (see the class)."""
-        if self.durable:
-            return self
-        return PostgresAgentPersistence(
-            self._store,
-            history_window=self._window,
-            lease_seconds=self._lease_seconds,
-            can_respond_to_approval=self._can_respond,
-            durable=True,
-        )
+    async def mark_durable(self, context: TurnContext, state: TurnState) -> bool:
+        """Mark the run durable, once a durable workflow runs it (one round trip): from now on it waits
+        for its take-over when its process dies instead of being replaced. False when it no longer runs."""
+        with _database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                cursor = await conn.execute("select bastion.mark_run_durable(%s)", (state.run_id,))
+            return bool(_single(await cursor.fetchone()))
 
     async def adopt_run(self, context: TurnContext, state: TurnState) -> bool:
-        """Take over a durable run whose process died: this process runs it from now on.
+        """Take over the run of a durable workflow whose process died: this process runs it from now on
+        (and the run is durable, if its process died before marking it).
 
         One round trip. False, and nothing changes, when the run is no longer the conversation's
         running turn (it was settled or replaced meanwhile) or its process is still alive. Operations
@@ -694,7 +686,7 @@ class PostgresAgentPersistence(TurnPersistence):
     ) -> psycopg.AsyncCursor[TupleRow]:
         """Queue `bastion.claim_turn`: the writes of `plan`, if the conversation is still at `base`."""
         events = [run_event(run_id, "started"), *approval_response_events(tail, history)]
-        claim = await conn.execute(
+        return await conn.execute(
             "select bastion.claim_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (
                 context.conversation_id,
@@ -710,10 +702,6 @@ class PostgresAgentPersistence(TurnPersistence):
                 Jsonb(events),
             ),
         )
-        if self.durable:
-            # Queued in the same transaction: a durable run is never visible unmarked.
-            await conn.execute("select bastion.mark_run_durable(%s)", (run_id,))
-        return claim
 
     def _claimed(
         self,

@@ -1,7 +1,9 @@
 -- Durable runs: a turn run as a durable workflow outlives the process that claimed it.
 --
--- When that process dies, its durable engine's janitor hands the turn to a live process within a
--- second or two, which adopts the run (`adopt_run`) and finishes it. So a durable run is not
+-- A run is marked durable (`mark_run_durable`) once its workflow exists, so a durable run always
+-- has a workflow to finish it. When its process dies, the durable engine's janitor hands the turn
+-- to a live process within a second or two, which adopts the run (`adopt_run`, marking it durable
+-- if the process died before it could) and finishes it. So a durable run is not
 -- replaced by a newer turn merely because its process's worker lock is free: it stays live until
 -- its lease runs out (renewed by whichever process runs it), which still frees a conversation
 -- whose every worker died. A run that was settled or replaced meanwhile cannot be adopted.
@@ -12,7 +14,7 @@
 --
 -- A durable turn writes its finished operations' results before each model request
 -- (`record_run_results`), so a model request replayed after a crash never saw a result the store
--- lacks. `prune_run_chunks` deletes the stream logs of runs that ended before a given age, for retention.
+-- lacks. `prune_run_chunks` deletes the stream logs of runs that ended before a given age.
 
 alter table bastion.runs add column durable boolean not null default false;
 
@@ -27,7 +29,8 @@ create or replace function bastion.run_is_live(p_run bastion.runs) returns boole
        and (p_run.durable or p_run.worker_key is null or bastion.worker_alive(p_run.worker_key))
   $$;
 
--- Mark the caller's run durable; queued in the claim's own transaction. False when no such run.
+-- Mark the caller's running run durable, once its workflow exists (so a durable run always has a
+-- workflow to take it over). False when no such run.
 create function bastion.mark_run_durable(p_run uuid) returns boolean
   language plpgsql
   security definer
@@ -43,8 +46,9 @@ begin
 end
 $$;
 
--- Move the caller's running durable run to the process `p_worker`, if its conversation still waits
--- on it and its previous process is dead (or is this one). Returns whether it was adopted.
+-- Move the caller's running run to the process `p_worker` (a live process running its workflow),
+-- marking it durable, if its conversation still waits on it and its previous process is dead (or
+-- is this one). Returns whether it was adopted.
 create function bastion.adopt_run(p_run uuid, p_worker bigint, p_lease_seconds double precision)
   returns boolean
   language plpgsql
@@ -61,7 +65,7 @@ begin
     join bastion.conversations c on c.id = r.conversation_id and c.active_run_id = r.id
    where r.id = p_run and r.owner_id = v_user and r.tenant_id is not distinct from bastion.tenant_id()
    for update of r;
-  if not found or v_run.status <> 'running' or not v_run.durable then
+  if not found or v_run.status <> 'running' then
     return false;
   end if;
   if v_run.worker_key is not null and v_run.worker_key <> p_worker
@@ -69,7 +73,8 @@ begin
     return false;
   end if;
   update bastion.runs
-     set worker_key = p_worker, lease_expires_at = now() + make_interval(secs => p_lease_seconds)
+     set worker_key = p_worker, durable = true,
+         lease_expires_at = now() + make_interval(secs => p_lease_seconds)
    where id = p_run;
   for v_call, v_name in
     update bastion.tool_executions t set status = 'failed', output = null, finished_at = now()
