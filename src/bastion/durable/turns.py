@@ -64,7 +64,7 @@ Chunk = dict[str, Any]
 
 # This process's durable endpoints by name, and the turns its own POSTs attached to their workflows.
 _ENDPOINTS: dict[str, ChatEndpoint[Any]] = {}
-_LOCAL: dict[str, Callable[[], Awaitable[None]]] = {}
+_LOCAL: dict[str, asyncio.Future[Callable[[], Awaitable[None]]]] = {}
 
 
 class DurableTurnError(RuntimeError):
@@ -116,38 +116,47 @@ class DurableTurns:
         _ENDPOINTS[self.name] = endpoint
 
     async def respond(self, turn: ChatTurn, run: AgentRun[Any, Any]) -> AgentStreamResponse:
-        """The fast path: the claimed turn's response, its turn run inside its workflow here."""
+        """The fast path: the claimed turn's response, its turn run inside its workflow here.
+
+        The workflow's row is written while the turn is prepared; its body waits for the turn the
+        response runs. The run is marked durable beside the turn's first model request, once the
+        workflow exists: a process that died before that leaves a run a newer turn replaces at once.
+        """
         persistence, context = self._persistence, _context(turn)
         hooks = _TurnHooks(persistence, context, run)
-        workflow_input = self._input(turn, run, hooks.message_id)
         workflow_id = turn_workflow_id(turn.conversation_id, turn.run_id)
+        attached: asyncio.Future[Callable[[], Awaitable[None]]] = asyncio.get_running_loop().create_future()
+        _LOCAL[workflow_id] = attached
+        starting = asyncio.ensure_future(_start(workflow_id, self._input(turn, run, hooks.message_id)))
 
         async def runner(run_turn: Callable[[], Awaitable[None]]) -> None:
-            async def run_durably() -> None:
-                # Only now that the workflow exists is the run durable: had this process died before,
-                # its run would be replaced at once, having streamed nothing.
-                try:
-                    await persistence.mark_durable(context, run.state)
-                except Exception:
-                    logger.exception("Marking a run durable failed; a newer turn may replace it if we die.")
-                await run_turn()
-
-            _LOCAL[workflow_id] = run_durably
             try:
-                with SetWorkflowID(workflow_id):
-                    handle = await DBOS.start_workflow_async(_turn_workflow, workflow_input)
+                handle = await starting
             except Exception:
                 _LOCAL.pop(workflow_id, None)
                 logger.exception("Starting a durable turn failed; it runs without durability.")
                 await run_turn()
                 return
-            try:
-                await handle.get_result()
-            finally:
-                _LOCAL.pop(workflow_id, None)
+
+            async def run_durably() -> None:
+                marking = asyncio.ensure_future(persistence.mark_durable(context, run.state))
+                try:
+                    await run_turn()
+                finally:
+                    try:
+                        await marking
+                    except Exception:
+                        logger.exception("Marking a run durable failed.")
+
+            attached.set_result(run_durably)
+            await handle.get_result()
 
         hooks.runner = runner
-        return await self.endpoint.open_turn(turn, run, durable=hooks)
+        try:
+            return await self.endpoint.open_turn(turn, run, durable=hooks)
+        except BaseException:
+            attached.set_result(_nothing)  # the turn failed (and settled) before it streamed
+            raise
 
     async def take_over(self, workflow_input: dict[str, Any]) -> str:
         """The recovery path: rebuild the turn from its input, adopt its run and run it headless."""
@@ -353,9 +362,9 @@ async def _model_request_step(body: Callable[[], Awaitable[dict[str, Any]]]) -> 
 async def _turn_workflow(workflow_input: dict[str, Any]) -> str:
     """One turn: the one this process's POST attached, or one taken over from a dead process."""
     workflow_id = DBOS.workflow_id
-    local = _LOCAL.pop(workflow_id, None) if workflow_id is not None else None
-    if local is not None:
-        await local()
+    attached = _LOCAL.pop(workflow_id, None) if workflow_id is not None else None
+    if attached is not None:
+        await (await attached)()
         return "ran"
     endpoint = await _endpoint(workflow_input["endpoint"])
     if endpoint is None or endpoint.durable is None:
@@ -364,6 +373,15 @@ async def _turn_workflow(workflow_input: dict[str, Any]) -> str:
             "the same chat routes (with durable=) in every worker before launching the engine."
         )
     return await endpoint.durable.take_over(workflow_input)
+
+
+async def _start(workflow_id: str, workflow_input: dict[str, Any]) -> Any:
+    with SetWorkflowID(workflow_id):
+        return await DBOS.start_workflow_async(_turn_workflow, workflow_input)
+
+
+async def _nothing() -> None:
+    return None
 
 
 async def _endpoint(name: str) -> ChatEndpoint[Any] | None:
