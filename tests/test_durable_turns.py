@@ -220,6 +220,7 @@ async def chaos(cluster: Cluster, kills: int, seed: int) -> None:
     again. Afterwards every turn whose client saw it start is finished (none lost), no side effect ran
     twice, every stored reply equals its logged stream, and every conversation takes its next turn
     (one whose request died before its turn started included: nothing holds it)."""
+    print(f"chaos seed {seed}")  # shown with a failure, to replay it
     rng = random.Random(seed)
     user = str(uuid.uuid4())
     turn_seconds = cluster.delay * 22  # two requests of 2 + 6 delays, and a tool of 6
