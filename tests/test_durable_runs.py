@@ -6,6 +6,7 @@ its stop, retention, and the SQLite store's refusal."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -148,6 +149,7 @@ async def test_the_sqlite_store_refuses_durable_turns(
         )
 
 
+@contextlib.asynccontextmanager
 async def serve(
     store: PostgresStore, model: Any, engine: DurableEngine, project: Project
 ) -> AsyncIterator[str]:
@@ -210,47 +212,49 @@ async def test_a_durable_turn_streams_in_its_workflow_can_be_stopped_and_is_prun
     gated = GatedModel(["Part", "ial"], [" never."])
     model = ScriptedModel(["Hello", " there."], ["Again."])
     async with await PostgresStore.open(migrated_database.app_dsn, max_size=4) as store:
-        async for url in serve(store, model, durable_engine, project):
-            async with httpx2.AsyncClient(timeout=30) as http:
-                body = {"id": conversation, "messages": [user_message("hi")], "trigger": "submit-message"}
-                response = await http.post(f"{url}/api/chat", json=body, headers=headers)
-                assert response.status_code == 200
-                chunks = chunks_of(response.text)
-                assert [c["type"] for c in chunks][-1] == "finish"
-                assert "".join(c.get("delta", "") for c in chunks) == "Hello there."
-                [(run_id, status, durable)] = runs(migrated_database, conversation)
-                assert (status, durable) == ("completed", True)
-                # The response message's id derives from the run: a take-over streams the same one.
-                assert (
-                    chunks[0]["messageId"]
-                    == uuid.uuid5(uuid.UUID("0f3c2d9a-41b7-4e0c-8a5e-6b1d7c2e9f48"), run_id).hex
-                )
-                assert await finished(migrated_database, conversation, run_id) == (
-                    "SUCCESS",
-                    durable_engine.executor_id,
-                )
-            break
-        async for url in serve(store, gated, durable_engine, project):
-            async with httpx2.AsyncClient(timeout=30) as http:
-                stopped_conversation = str(uuid.uuid4())
-                body = {
-                    "id": stopped_conversation,
-                    "messages": [user_message("hi")],
-                    "trigger": "submit-message",
-                }
-                posted = asyncio.ensure_future(http.post(f"{url}/api/chat", json=body, headers=headers))
-                await gated.waiting.wait()
-                stop = await http.post(f"{url}/api/chat/{stopped_conversation}/stop", headers=headers)
-                assert stop.status_code == 200 and stop.json()["settled"] is True
-                response = await posted
-                assert [c["type"] for c in chunks_of(response.text)][-2:] == ["abort", "finish"]
-                [(stopped_run, status, _)] = runs(migrated_database, stopped_conversation)
-                assert status == "cancelled"
-                assert await finished(migrated_database, stopped_conversation, stopped_run) == (
-                    "SUCCESS",
-                    durable_engine.executor_id,
-                )
-            break
+        async with (
+            serve(store, model, durable_engine, project) as url,
+            httpx2.AsyncClient(timeout=30) as http,
+        ):
+            body = {"id": conversation, "messages": [user_message("hi")], "trigger": "submit-message"}
+            response = await http.post(f"{url}/api/chat", json=body, headers=headers)
+            assert response.status_code == 200
+            chunks = chunks_of(response.text)
+            assert [c["type"] for c in chunks][-1] == "finish"
+            assert "".join(c.get("delta", "") for c in chunks) == "Hello there."
+            [(run_id, status, durable)] = runs(migrated_database, conversation)
+            assert (status, durable) == ("completed", True)
+            # The response message's id derives from the run: a take-over streams the same one.
+            assert (
+                chunks[0]["messageId"]
+                == uuid.uuid5(uuid.UUID("0f3c2d9a-41b7-4e0c-8a5e-6b1d7c2e9f48"), run_id).hex
+            )
+            assert await finished(migrated_database, conversation, run_id) == (
+                "SUCCESS",
+                durable_engine.executor_id,
+            )
+        async with (
+            serve(store, gated, durable_engine, project) as url,
+            httpx2.AsyncClient(timeout=30) as http,
+        ):
+            stopped_conversation = str(uuid.uuid4())
+            body = {
+                "id": stopped_conversation,
+                "messages": [user_message("hi")],
+                "trigger": "submit-message",
+            }
+            posted = asyncio.ensure_future(http.post(f"{url}/api/chat", json=body, headers=headers))
+            await gated.waiting.wait()
+            stop = await http.post(f"{url}/api/chat/{stopped_conversation}/stop", headers=headers)
+            assert stop.status_code == 200 and stop.json()["settled"] is True
+            response = await posted
+            assert [c["type"] for c in chunks_of(response.text)][-2:] == ["abort", "finish"]
+            [(stopped_run, status, _)] = runs(migrated_database, stopped_conversation)
+            assert status == "cancelled"
+            assert await finished(migrated_database, stopped_conversation, stopped_run) == (
+                "SUCCESS",
+                durable_engine.executor_id,
+            )
         with psycopg.connect(migrated_database.admin_dsn) as conn:
             kept = conn.execute(
                 "select count(*) from bastion.run_chunks where run_id = %s", (run_id,)
