@@ -4,6 +4,7 @@ that isolate themselves by using fresh user ids (row-level security does the res
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,16 @@ class MigratedDatabase:
     @property
     def app_dsn(self) -> str:
         return self.cluster.dsn(self.name, user="bastion_app")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long chaos tests run only when asked for (`BASTION_CHAOS=1`, as `.ci/run` does)."""
+    if os.environ.get("BASTION_CHAOS") == "1":
+        return
+    skip = pytest.mark.skip(reason="a chaos test: set BASTION_CHAOS=1 to run it")
+    for item in items:
+        if "chaos" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

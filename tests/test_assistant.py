@@ -23,12 +23,13 @@ import uvicorn
 from bastion import ToolCall
 from bastion.assistant.agent import AssistantContext, _local_tools
 from bastion.assistant.app import AssistantApp
-from bastion.assistant.config import AssistantConfig
+from bastion.assistant.config import AssistantConfig, ConfigError
 from bastion.assistant.database import Database, migrate
 from bastion.assistant.dev_auth import DevelopmentSignIn
 from bastion.assistant.notes import PostgresNoteBook
 from bastion.assistant.server import running_assistant
 from bastion.auth import Principal
+from bastion.durable import DurableEngine
 from bastion.stores import PostgresStore, StoreIdentity, apply_migrations
 from bastion.worker import Route
 from tests.ai_sdk import ai_sdk_dir, approve, run_chat, send
@@ -62,7 +63,10 @@ def free_port() -> int:
 async def serve_assistant(
     pg_cluster: PostgresCluster, data_dir: Path, **settings: Any
 ) -> AsyncIterator[Served]:
-    """The assistant on a fresh database, migrated as the owner and served as the application role."""
+    """The assistant on a fresh database, migrated as the owner and served as the application role.
+
+    Durable chat turns are off unless asked for (`durable=True`): they are tested on their own."""
+    settings.setdefault("durable", False)
     database = pg_cluster.database("assistant")
     config = AssistantConfig(
         port=free_port(),
@@ -1060,3 +1064,43 @@ async def test_a_token_whose_subject_is_not_a_uuid_is_refused_alike_on_every_use
             )
             assert (route.path, response.status_code) == (route.path, 401)
             assert response.json()["code"] == "invalid_claims"
+
+
+async def test_the_assistant_runs_its_turns_as_durable_workflows_and_closes_its_engine(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    async with serve_assistant(pg_cluster, tmp_path, durable=True) as served:
+        headers = await served.sign_in("ada")
+        conversation = str(uuid.uuid4())
+        response = await chat(served, headers, conversation, [user_message("hello")])
+        assert response.status_code == 200 and stream_types(response)[-1] == "finish"
+        assert served.app.chat.durable is not None
+        database = served.config.database_url
+        assert database is not None
+        with psycopg.connect(database) as conn:
+            [(run_id, durable)] = conn.execute(
+                "select id::text, durable from bastion.runs where conversation_id = %s", (conversation,)
+            ).fetchall()
+            assert durable is True
+            for _ in range(100):
+                status = conn.execute(
+                    "select status from dbos.workflow_status where workflow_uuid = %s",
+                    (f"bastion.turn:{conversation}:{run_id}",),
+                ).fetchone()
+                if status == ("SUCCESS",):
+                    break
+                conn.commit()
+                await asyncio.sleep(0.05)
+            assert status == ("SUCCESS",)
+        app_database = served.config.app_database_url
+    assert app_database is not None
+    # The engine was closed with the assistant: another can launch in this process.
+    engine = await DurableEngine.launch(app_database)
+    await engine.close()
+
+
+def test_durable_turns_are_on_unless_switched_off() -> None:
+    assert AssistantConfig.from_env({}).durable is True
+    assert AssistantConfig.from_env({"BASTION_DURABLE": "off"}).durable is False
+    with pytest.raises(ConfigError, match="BASTION_DURABLE must be on or off"):
+        AssistantConfig.from_env({"BASTION_DURABLE": "maybe"})

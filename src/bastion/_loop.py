@@ -24,6 +24,7 @@ from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
     ModelRequestPart,
+    ModelResponse,
     ModelResponseStreamEvent,
     NativeToolCallPart,
     NativeToolReturnPart,
@@ -61,6 +62,8 @@ from bastion.tools import (
 
 logger = logging.getLogger("bastion.loop")
 
+_DURABLE_IDS = uuid.UUID("5b0d3c1e-6f0a-4c59-9d1e-2a7c8b4f3e10")  # namespace of durable turns' ids
+
 Chunk = dict[str, Any]
 
 _FINISH_REASONS = {
@@ -89,6 +92,25 @@ class ExecuteToolHook(Protocol):
         origin: CallOrigin,
         idempotent: bool,
     ) -> Awaitable[Any]: ...
+
+
+class ModelSteps(Protocol):
+    """Runs each model request of a turn as a durable step (`bastion.durable`'s turns).
+
+    `request(step, produce, response)` yields the request's chunks: live from `produce()` when the
+    step runs (which leaves the `ModelResponse` in `response`), or as recorded when a completed step
+    is replayed (then it puts the recorded response there itself). `id_seed` makes the ids the loop
+    generates (approval ids) the same in every execution of the turn.
+    """
+
+    id_seed: str
+
+    def request(
+        self,
+        step: int,
+        produce: Callable[[], AsyncIterator[Chunk]],
+        response: list[ModelResponse],
+    ) -> AsyncIterator[Chunk]: ...
 
 
 @dataclass
@@ -123,14 +145,16 @@ class AgentStreamResult:
         model_settings: ModelSettings | None,
         cancel: asyncio.Event | None,
         on_cancel: Callable[[], Awaitable[None]],
+        steps: ModelSteps | None = None,
     ) -> None:
         self._plan = plan
+        self._steps = steps
         self._model = model
         self._model_settings = model_settings
         self._cancel = cancel
         self._on_cancel = on_cancel
         self._started = False
-        self._scope = _new_id()  # operation keys of a turn without persistence
+        self._scope = steps.id_seed if steps is not None else _new_id()  # keys without persistence
         self.finish_reason: str | None = None
         self.cancelled = False
         self.messages: list[ModelMessage] = plan.history.messages
@@ -223,9 +247,17 @@ class AgentStreamResult:
             "bastion.model_request", context=self._trace, attributes={"bastion.step": step}
         )
         failure: BaseException | None = None
+        response: list[ModelResponse] = []
         try:
-            async for chunk in self._model_request(step, parameters, calls, request):
+            if self._steps is None:
+                chunks = self._model_request(step, parameters, response)
+            else:
+                chunks = self._steps.request(
+                    step, lambda: self._model_request(step, parameters, response), response
+                )
+            async for chunk in chunks:
                 yield chunk
+            self._apply_response(response[0], calls, request)
         except BaseException as error:
             failure = error
             raise
@@ -233,8 +265,9 @@ class AgentStreamResult:
             _telemetry.end(request, failure)
 
     async def _model_request(
-        self, step: int, parameters: ModelRequestParameters, calls: list[ToolCallPart], request: Span
+        self, step: int, parameters: ModelRequestParameters, response: list[ModelResponse]
     ) -> AsyncIterator[Chunk]:
+        """Stream one model request as chunks; its `ModelResponse` is left in `response`."""
         open_parts: dict[int, Chunk] = {}
         async with model_request_stream(
             self._model,
@@ -276,15 +309,18 @@ class AgentStreamResult:
                     opened = open_parts.pop(event.index, None)  # type: ignore[union-attr]
                     if opened is not None and opened["type"] != "tool":
                         yield {"type": f"{opened['type']}-end", "id": opened["id"]}
-            response = stream.get()
+            response.append(stream.get())
+        for chunk in _close_open_parts(open_parts):
+            yield chunk
+
+    def _apply_response(self, response: ModelResponse, calls: list[ToolCallPart], request: Span) -> None:
+        """Account for a model response and add it to the turn's messages."""
         used = TokenUsage.of(response.usage)
         self.request_usage.append(used)
         self.usage.add(used)
         used.record(request)
         request.set_attribute("gen_ai.response.model", response.model_name or "")
         request.set_attribute("bastion.finish_reason", response.finish_reason or "none")
-        for chunk in _close_open_parts(open_parts):
-            yield chunk
         self.messages.append(response)
         calls.extend(part for part in response.parts if isinstance(part, ToolCallPart))
         self.finish_reason = _FINISH_REASONS.get(response.finish_reason or "stop", "other")
@@ -343,6 +379,12 @@ class AgentStreamResult:
             return chunks
         return []
 
+    def _approval_id(self, step: int, index: int) -> str:
+        """A new approval's id: random, or derived from the turn and the call's place in a durable one."""
+        if self._steps is None:
+            return _new_id()
+        return uuid.uuid5(_DURABLE_IDS, f"{self._steps.id_seed}/{step}.{index}").hex
+
     def _is_dynamic(self, name: str) -> bool:
         item = self._plan.tools.get(name)
         return item is None or item.dynamic
@@ -389,7 +431,7 @@ class AgentStreamResult:
                 self._trace_unrun(call, approval="requested", outcome="paused")
                 yield {
                     "type": "tool-approval-request",
-                    "approvalId": _new_id(),
+                    "approvalId": self._approval_id(step, index),
                     "toolCallId": part.tool_call_id,
                 }
                 outcome.paused = True

@@ -21,7 +21,7 @@ from pydantic_ai.settings import ModelSettings
 
 from bastion._cancel import AgentCancelledError
 from bastion._extras import infer_model
-from bastion._loop import AgentStreamResult, ExecuteToolHook, TurnPlan
+from bastion._loop import AgentStreamResult, ExecuteToolHook, ModelSteps, TurnPlan
 from bastion._ui_messages import UIMessage, to_model_messages
 from bastion.policies import (
     ToolPolicy,
@@ -272,10 +272,12 @@ class AgentSession(Generic[ContextT]):
         model: Model | KnownModelName | str,
         messages: Sequence[Mapping[str, Any]],
         model_settings: ModelSettings | None = None,
+        steps: ModelSteps | None = None,
     ) -> AgentStreamResult:
         """Prepare the canonical UI history and return the turn's stream; the model runs as it is read.
 
-        A failure while preparing the history closes the session's resources and propagates.
+        `steps` runs each model request as a durable step (a durable turn passes it). A failure
+        while preparing the history closes the session's resources and propagates.
         """
         if self._closed or self._streamed:
             raise AgentSessionClosedError()
@@ -292,6 +294,7 @@ class AgentSession(Generic[ContextT]):
             model_settings=model_settings,
             cancel=self._cancel,
             on_cancel=self.close,
+            steps=steps,
         )
 
     async def _plan(self, messages: Sequence[Mapping[str, Any]]) -> TurnPlan:

@@ -30,6 +30,7 @@ __all__ = [
     "OnSettled",
     "StreamLog",
     "StreamStatus",
+    "TurnRunner",
     "UIMessage",
     "create_agent_stream_response",
 ]
@@ -95,6 +96,10 @@ class OnSettled(Protocol):
     def __call__(self, *, status: StreamStatus) -> Awaitable[None]: ...
 
 
+TurnRunner = Callable[[Callable[[], Awaitable[None]]], Awaitable[None]]
+"""Runs a whole turn given as `run()` (a durable turn runs it inside its workflow); it must await it."""
+
+
 def create_agent_stream_response(
     result: AgentStreamResult,
     *,
@@ -107,6 +112,7 @@ def create_agent_stream_response(
     message_metadata: Any = None,
     usage_metadata: bool = False,
     log: StreamLog | None = None,
+    runner: TurnRunner | None = None,
 ) -> AgentStreamResponse:
     """Serve `result` as the AI SDK UI message stream.
 
@@ -119,6 +125,8 @@ def create_agent_stream_response(
     (`{"usage": {...}, "requestUsage": [...]}`, in the AI SDK's names: `inputTokens`, `outputTokens`,
     `totalTokens`), merged into the message's `metadata` as the client merges it.
     `log` receives every chunk the client is sent, and is flushed before the turn settles.
+    `runner(run)` runs the turn (a durable turn runs it inside its workflow); by default it runs
+    beside the sender. `AgentStreamResponse.run_detached()` runs it with no client at all.
 
     Raises `ValueError` for arguments that could not produce a valid stream, before anything runs.
     """
@@ -137,7 +145,7 @@ def create_agent_stream_response(
         usage_metadata=usage_metadata,
         log=log,
     )
-    return AgentStreamResponse(turn, headers=response_headers)
+    return AgentStreamResponse(turn, headers=response_headers, runner=runner)
 
 
 def _json_value(value: Any, name: str) -> Any:
@@ -330,16 +338,31 @@ class AgentStreamResponse(Response):
     stops, and the response returns once the turn has been consumed and settled.
     """
 
-    def __init__(self, turn: _Turn, *, headers: Mapping[str, str]) -> None:
+    def __init__(self, turn: _Turn, *, headers: Mapping[str, str], runner: TurnRunner | None = None) -> None:
         self.status_code = 200
         self.background = None
         self._turn = turn
+        self._runner = runner
         self.init_headers(headers)
+
+    async def run_detached(self) -> None:
+        """Run the whole turn with no client (a turn taken over from a process that died): it is
+        consumed, logged and settled exactly as when a client reads it."""
+        events = _EventChannel()
+        events.abandon()
+        await self._run(events)
+
+    async def _run(self, events: _EventChannel) -> None:
+        if self._runner is None:
+            await self._turn.run(events)
+        else:
+            with anyio.CancelScope(shield=True):
+                await self._runner(lambda: self._turn.run(events))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         events = _EventChannel()
         async with anyio.create_task_group() as turn_group:
-            turn_group.start_soon(self._turn.run, events)
+            turn_group.start_soon(self._run, events)
             try:
                 await self._deliver(events, receive, send)
             finally:

@@ -50,6 +50,7 @@ from bastion.assistant.schemas import (
 )
 from bastion.assistant.support import INBOX_TENANT, inbox_staff, support_agent
 from bastion.auth import Principal, SupabaseEnv, TokenVerifier
+from bastion.durable import DurableEngine
 from bastion.inbox import ContactTokens, InboxChannels, InboxReplies, PostgresInbox, inbox_routes
 from bastion.memory import (
     AgentMemory,
@@ -99,6 +100,7 @@ class AssistantApp:
     versioning: ApiVersioning = field(default_factory=ApiVersioning)
     inbox_token_secret: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
     inbox_channels: InboxChannels = field(default_factory=InboxChannels)
+    durable: DurableEngine | None = None
     agent: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -119,6 +121,8 @@ class AssistantApp:
             context=self._context,
             history_window=self.history_window,
             usage_metadata=True,
+            durable=self.durable,
+            durable_name="assistant",
         )
         self.persistence = self.chat.persistence
         # The support inbox: its bot's replies run as durable jobs once `inbox_replies.start(engine)`.

@@ -60,6 +60,7 @@ class AssistantConfig:
     embedding_api_key: str | None = field(default=None, repr=False)
     inbox_secret: str | None = field(default=None, repr=False)
     inbox_token_secret: str | None = field(default=None, repr=False)
+    durable: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> AssistantConfig:
@@ -101,6 +102,7 @@ class AssistantConfig:
             "embedding_api_key": text("BASTION_EMBEDDING_API_KEY"),
             "inbox_secret": text("BASTION_INBOX_SECRET"),
             "inbox_token_secret": text("BASTION_INBOX_TOKEN_SECRET"),
+            "durable": _switch("BASTION_DURABLE", text("BASTION_DURABLE"), default=True),
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         config = cls(**values)  # type: ignore[arg-type]
@@ -175,6 +177,16 @@ def _port(value: str | None) -> int:
     if not value.isdigit():
         raise ConfigError(f"BASTION_PORT must be a number, not {value!r}.")
     return int(value)
+
+
+def _switch(name: str, value: str | None, *, default: bool) -> bool:
+    if value is None:
+        return default
+    if value.lower() in ("1", "on", "true", "yes"):
+        return True
+    if value.lower() in ("0", "off", "false", "no"):
+        return False
+    raise ConfigError(f"{name} must be on or off, not {value!r}.")
 
 
 def _positive_int(name: str, value: str | None) -> int | None:

@@ -115,25 +115,27 @@ async def running_assistant(
         store = await PostgresStore.open(database.app_conninfo, admin_conninfo=database.admin_conninfo)
         user_credentials = None
         try:
-            if keys is not None:
-                user_credentials = UserCredentials(pool=store.pool, keys=keys)
-            app = AssistantApp(
-                store=store,
-                model=model,
-                env=env,
-                development_sign_in=sign_in,
-                history_window=config.history_window,
-                remote_tools=remote_tools(config, user_credentials=user_credentials),
-                remote_tool_names=remote_tool_names(config),
-                user_credentials=user_credentials,
-                embedder=resolve_embedder(config),
-                **inbox_settings(config),
-            )
-            purged = await app.memory_store.purge()
-            if purged:
-                progress(f"Purged {purged} expired memory operation records.")
-            # The support inbox's bot replies run as durable jobs on this process's DBOS.
+            # One DBOS per process: the inbox's bot replies run on it, and so do the chat turns (unless
+            # BASTION_DURABLE=off), which another worker on the same database then takes over.
             async with await DurableEngine.launch(database.app_conninfo) as engine:
+                if keys is not None:
+                    user_credentials = UserCredentials(pool=store.pool, keys=keys)
+                app = AssistantApp(
+                    store=store,
+                    model=model,
+                    env=env,
+                    development_sign_in=sign_in,
+                    history_window=config.history_window,
+                    remote_tools=remote_tools(config, user_credentials=user_credentials),
+                    remote_tool_names=remote_tool_names(config),
+                    user_credentials=user_credentials,
+                    embedder=resolve_embedder(config),
+                    **inbox_settings(config),
+                    durable=engine if config.durable else None,
+                )
+                purged = await app.memory_store.purge()
+                if purged:
+                    progress(f"Purged {purged} expired memory operation records.")
                 await app.inbox_replies.start(engine)
                 try:
                     yield RunningAssistant(app=app, database=database, asgi=app.asgi())

@@ -1,7 +1,8 @@
 """Durable execution on DBOS in the application's Postgres: the engine every durable part runs on.
 
 `DurableEngine.launch(conninfo)` starts this process's DBOS (after `migrate_durable` created its
-schema); turns, hooks and inbox jobs declare their workflows with DBOS's decorators and run on it.
+schema). Chat turns run on it with `chat_routes(durable=engine)` (`bastion.durable.turns`); hooks
+and inbox jobs declare their workflows with DBOS's decorators and run on it.
 """
 
 from bastion.durable.engine import (
@@ -12,12 +13,17 @@ from bastion.durable.engine import (
     migrate_durable,
     system_database_url,
 )
+from bastion.durable.turns import DurableTurnError, DurableTurns, prune_finished_turns, turn_workflow_id
 
 __all__ = [
     "DURABLE_APPLICATION_VERSION",
     "DURABLE_SCHEMA",
     "DurableEngine",
     "DurableEngineError",
+    "DurableTurnError",
+    "DurableTurns",
     "migrate_durable",
+    "prune_finished_turns",
     "system_database_url",
+    "turn_workflow_id",
 ]

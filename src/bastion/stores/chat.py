@@ -21,13 +21,14 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, Generic, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, Generic, Protocol, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_ai.models import KnownModelName, Model
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from bastion._loop import ExecuteToolHook, ModelSteps
 from bastion.agent import Agent
 from bastion.api import EventStream, StrictModel, json_response, operation
 from bastion.auth import Principal
@@ -38,14 +39,25 @@ from bastion.stores._turns import check_storable_message
 from bastion.stores.entities import Conversation, StoreIdentity, TurnContext, TurnState
 from bastion.stores.errors import InvalidInputError, NotFoundError
 from bastion.stores.live import ChunkLog, LiveTurns, StreamSuperseded
-from bastion.stream import UI_MESSAGE_STREAM_HEADERS, StreamStatus, create_agent_stream_response
+from bastion.stream import (
+    UI_MESSAGE_STREAM_HEADERS,
+    AgentStreamResponse,
+    StreamStatus,
+    TurnRunner,
+    create_agent_stream_response,
+)
 from bastion.worker import RequestContext, Route
+
+if TYPE_CHECKING:
+    from bastion.durable import DurableEngine
+    from bastion.durable.turns import DurableTurns
 
 __all__ = [
     "ChatEndpoint",
     "ChatStore",
     "ChatTurn",
     "ContextFactory",
+    "DurableTurnHooks",
     "LiveTurnStore",
     "ResumeQuery",
     "StopResult",
@@ -97,6 +109,28 @@ class LiveTurnStore(Protocol):
     def live_turns(self) -> LiveTurns: ...
 
 
+class DurableTurnHooks(Protocol):
+    """What a durable turn (`bastion.durable.turns`) adds to `ChatEndpoint.open_turn`."""
+
+    @property
+    def message_id(self) -> str:
+        """The response message's id, the same in every execution of the turn."""
+
+    @property
+    def steps(self) -> ModelSteps:
+        """Runs the turn's model requests as durable steps."""
+
+    @property
+    def runner(self) -> TurnRunner | None:
+        """Runs the turn inside its workflow."""
+
+    def attach(self, log: ChunkLog | None) -> None:
+        """The turn's stream log, once it exists."""
+
+    def execute_tool(self, hook: ExecuteToolHook) -> ExecuteToolHook:
+        """The tool hook wrapping the run's own."""
+
+
 class StopResult(StrictModel):
     """The turn a stop was asked of, and whether it settled within the wait."""
 
@@ -132,6 +166,8 @@ class ChatEndpoint(Generic[ContextT]):
         on_error: Callable[[Exception], str] | None = None,
         stop_wait_seconds: float = 10.0,
         usage_metadata: bool = False,
+        durable: DurableEngine | None = None,
+        durable_name: str | None = None,
     ) -> None:
         self.agent = agent
         self.store = store
@@ -145,6 +181,11 @@ class ChatEndpoint(Generic[ContextT]):
         self.usage_metadata = usage_metadata
         live_turns = getattr(store, "live_turns", None)
         self.live: LiveTurns | None = live_turns() if callable(live_turns) else None
+        self.durable: DurableTurns | None = None
+        if durable is not None:
+            from bastion.durable.turns import DurableTurns
+
+            self.durable = DurableTurns(self, durable, name=durable_name)
 
     def routes(self) -> list[Route]:
         """`POST {path}`: one turn of a conversation, answered with the UI message stream; with a store
@@ -175,6 +216,25 @@ class ChatEndpoint(Generic[ContextT]):
             identity=identity, conversation_id=str(uuid.UUID(body.id)), request_id=str(uuid.uuid4())
         )
         run = await self._start_turn(claim, body)
+        turn = ChatTurn(
+            principal=principal,
+            identity=identity,
+            conversation_id=claim.conversation_id,
+            request_id=claim.request_id,
+            run_id=run.state.run_id,
+        )
+        if self.durable is not None:
+            return await self.durable.respond(turn, run)
+        return await self.open_turn(turn, run)
+
+    async def open_turn(
+        self, turn: ChatTurn, run: AgentRun[Any, Any], *, durable: DurableTurnHooks | None = None
+    ) -> AgentStreamResponse:
+        """The claimed turn `run` as a stream response: context, prepared session, stream, settlement.
+
+        A failure before the stream settles the run as failed. `durable` is what a durable turn
+        adds (`bastion.durable`): its model steps, its tool hook, its message id and its runner.
+        """
         session = None
         held = contextlib.ExitStack()
         stop: asyncio.Event | None = None
@@ -182,20 +242,18 @@ class ChatEndpoint(Generic[ContextT]):
         try:
             if self.live is not None:
                 stop = held.enter_context(self.live.stop_signal(run.state.run_id))
-                log = self.live.log(identity, run.state.run_id, on_stop=stop.set)
+                log = self.live.log(turn.identity, run.state.run_id, on_stop=stop.set)
+            if durable is not None:
+                durable.attach(log)
             # A closed tab does not stop the run: the reply is finished and saved for the next visit.
-            turn = ChatTurn(
-                principal=principal,
-                identity=identity,
-                conversation_id=claim.conversation_id,
-                request_id=claim.request_id,
-                run_id=run.state.run_id,
-            )
             agent_context = await _resolved(self.context(turn))
-            session = await self.agent.prepare(
-                context=agent_context, cancel=stop, execute_tool=run.execute_tool
+            execute_tool = run.execute_tool if durable is None else durable.execute_tool(run.execute_tool)
+            session = await self.agent.prepare(context=agent_context, cancel=stop, execute_tool=execute_tool)
+            result = await session.stream(
+                model=self.model,
+                messages=run.messages,
+                steps=durable.steps if durable is not None else None,
             )
-            result = await session.stream(model=self.model, messages=run.messages)
         except BaseException:
             held.close()
             if session is not None:
@@ -222,6 +280,8 @@ class ChatEndpoint(Generic[ContextT]):
             on_error=self.on_error,
             usage_metadata=self.usage_metadata,
             log=log,
+            message_id=durable.message_id if durable is not None else None,
+            runner=durable.runner if durable is not None else None,
         )
 
     @operation(
@@ -326,6 +386,8 @@ def chat_routes(
     on_error: Callable[[Exception], str] | None = None,
     stop_wait_seconds: float = 10.0,
     usage_metadata: bool = False,
+    durable: DurableEngine | None = None,
+    durable_name: str | None = None,
 ) -> list[Route]:
     """The chat routes of `agent` over `store`, for `create_agent_worker(routes=...)`.
 
@@ -336,6 +398,11 @@ def chat_routes(
     resume routes; a stop waits up to `stop_wait_seconds` for the turn to settle. With
     `usage_metadata` the `finish` chunk's `messageMetadata` (and so the stored message's `metadata`)
     carries the turn's token usage (see `create_agent_stream_response`).
+
+    `durable` (a launched `bastion.durable.DurableEngine`, Postgres store only) runs every turn as
+    a durable workflow: when its process dies, a live one takes it over and finishes it from its
+    last completed model request (`durable_name` names the endpoint across processes; default
+    from the agent's name and the path). See `bastion.durable.turns`.
     """
     return ChatEndpoint(
         agent=agent,
@@ -349,6 +416,8 @@ def chat_routes(
         on_error=on_error,
         stop_wait_seconds=stop_wait_seconds,
         usage_metadata=usage_metadata,
+        durable=durable,
+        durable_name=durable_name,
     ).routes()
 
 

@@ -18,6 +18,7 @@ import inspect
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
+from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self, TypeAlias
 
@@ -284,6 +285,15 @@ class PostgresStore:
             raise ValueError("Pass admin_conninfo: this pool's connection string is computed.")
         return await apply_migrations(conninfo, upto=upto)
 
+    async def prune_run_chunks(self, *, older_than: timedelta) -> int:
+        """Delete the stream logs of runs that ended more than `older_than` ago (they are replayed only
+        while a run is in flight); the rows deleted. Run it now and then, for retention."""
+        if older_than < timedelta(0):
+            raise ValueError("older_than must not be negative")
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute("select bastion.prune_run_chunks(%s)", (older_than,))
+            return int(_single(await cursor.fetchone()))
+
     def persistence(
         self,
         *,
@@ -509,6 +519,10 @@ class PostgresAgentPersistence(TurnPersistence):
     it; a newer turn replaces a run whose lease expired, or whose process provably died (its
     worker lock is free), and records it as interrupted. A conversation a live turn holds is
     refused with `ConversationBusyError`, which carries `Retry-After`.
+
+    A run a durable workflow runs (`bastion.durable`) is marked durable once its workflow exists
+    (`mark_durable`): it is not replaced when its process dies, since a live process adopts it
+    (`adopt_run`) and finishes it; only its lease running out frees its conversation then.
     """
 
     def __init__(
@@ -526,6 +540,51 @@ class PostgresAgentPersistence(TurnPersistence):
         )
         self._store = store
         self._tails = store._tails
+
+    async def mark_durable(self, context: TurnContext, state: TurnState) -> bool:
+        """Mark the run durable, once a durable workflow runs it (one round trip): from now on it waits
+        for its take-over when its process dies instead of being replaced. False when it no longer runs."""
+        with _database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                cursor = await conn.execute("select bastion.mark_run_durable(%s)", (state.run_id,))
+            return bool(_single(await cursor.fetchone()))
+
+    async def adopt_run(self, context: TurnContext, state: TurnState) -> bool:
+        """Take over the run of a durable workflow whose process died: this process runs it from now on
+        (and the run is durable, if its process died before marking it).
+
+        One round trip. False, and nothing changes, when the run is no longer the conversation's
+        running turn (it was settled or replaced meanwhile) or its process is still alive. Operations
+        the dead process left in flight are settled as failed: their outcome is unknown, so running
+        them again is refused unless the tool is idempotent.
+        """
+        await self._store._hold_worker_lock()
+        with _database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                cursor = await conn.execute(
+                    "select bastion.adopt_run(%s, %s, %s)",
+                    (state.run_id, self._store.worker_key, self._lease_seconds),
+                )
+            adopted = bool(_single(await cursor.fetchone()))
+        self._tails.evict(tail_key(context.identity, state.conversation_id))
+        if adopted:
+            self._store._leases.hold(state.run_id, self._lease_seconds)
+        return adopted
+
+    async def record_tool_results(self, context: TurnContext, state: TurnState) -> None:
+        """Write the results of this run's finished operations now, not with its next write (a
+        durable turn does so before each model request, so a replayed request never saw a result
+        the store lacks)."""
+        results = list(state.unrecorded_results)
+        if not results:
+            return
+        with _database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                await conn.execute(
+                    "select bastion.record_run_results(%s, %s, %s)",
+                    (state.conversation_id, state.run_id, Jsonb(recordable(results))),
+                )
+        del state.unrecorded_results[: len(results)]
 
     async def start_run(self, context: TurnContext, input: RunInput) -> RunStart[TurnState]:
         key = tail_key(context.identity, context.conversation_id)

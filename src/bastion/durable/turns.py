@@ -1,0 +1,413 @@
+"""Durable chat turns: one turn is one DBOS workflow, and a live process finishes a dead one's turns.
+
+`ChatEndpoint(..., durable=engine)` (or `chat_routes(durable=...)`) runs every turn, and every
+approval continuation, as the workflow `bastion.turn` with the id `bastion.turn:{conversation}:{run}`.
+Its input is plain data: the endpoint's name, the verified principal, the conversation, request and
+run ids, the run's state, the messages the turn runs on and the response message's id.
+
+- The fast path has no queue: the POST claims the run as before, then starts the workflow in this
+  process. The workflow body finds the turn the HTTP response is attached to (registered under its
+  id) and runs it there, so the first execution streams to the client exactly as a plain turn does.
+- Each model request is a DBOS step (`bastion.turn.model_request`): its body streams the provider
+  live and returns the response and the chunks it produced; a replayed step re-yields those chunks
+  without asking the model again. Tools are not steps: their exactly-once guarantee stays the
+  operation claim (`AgentRun.execute_tool`), which replays a completed call's stored output and
+  refuses one whose outcome is unknown (unless the tool is idempotent).
+- When the process dies, another process's janitor (`DurableEngine`) hands the workflow to a live
+  process. Finding no local turn, the body rebuilds it from its input (principal, `ChatTurn`, the
+  context factory, `agent.prepare`, `session.stream`), adopts the run (`adopt_run`: only while the
+  run is still the conversation's running turn and its process is dead) and runs it headless from
+  the start of its stream log, where replayed chunks overlap what is logged. At the first thing that
+  is not a replay (a model request that runs, a tool that runs or fails), the log starts a new
+  attempt, superseding what the dead process logged from there on. Then the run finishes as usual.
+
+A retried POST meets the run it started as busy (409 with `Retry-After`: a durable run stays live
+until its lease ends, even while its process is dead) and resumes with `GET …/stream`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+from dbos import DBOS, SetWorkflowID
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
+
+from bastion._cancel import AgentCancelledError
+from bastion._loop import ExecuteToolHook
+from bastion.auth import Principal
+from bastion.persistence import AgentRun, RunStart
+from bastion.stores.entities import StoreIdentity, TurnContext, TurnState
+from bastion.stores.live import ChunkLog
+from bastion.stores.postgres import PostgresAgentPersistence, PostgresStore
+from bastion.stream import AgentStreamResponse, TurnRunner
+from bastion.tools import CallOrigin
+
+if TYPE_CHECKING:
+    from bastion.durable.engine import DurableEngine
+    from bastion.stores.chat import ChatEndpoint, ChatTurn
+
+__all__ = ["DurableTurnError", "DurableTurns", "prune_finished_turns", "turn_workflow_id"]
+
+logger = logging.getLogger("bastion.durable")
+
+WORKFLOW_NAME: Final = "bastion.turn"
+MODEL_STEP_NAME: Final = "bastion.turn.model_request"
+_ENDPOINT_WAIT_SECONDS: Final = 10.0
+_IDS: Final = uuid.UUID("0f3c2d9a-41b7-4e0c-8a5e-6b1d7c2e9f48")
+
+Chunk = dict[str, Any]
+
+# This process's durable endpoints by name, and the turns its own POSTs attached to their workflows.
+_ENDPOINTS: dict[str, ChatEndpoint[Any]] = {}
+_LOCAL: dict[str, asyncio.Future[Callable[[], Awaitable[None]]]] = {}
+
+
+class DurableTurnError(RuntimeError):
+    """Durable turns cannot run as configured; the message says what to change."""
+
+    code: ClassVar[str] = "durable_turns_unavailable"
+
+
+def turn_workflow_id(conversation_id: str, run_id: str) -> str:
+    """The workflow id of a run's turn: one workflow per claimed run."""
+    return f"{WORKFLOW_NAME}:{conversation_id}:{run_id}"
+
+
+async def prune_finished_turns(store: PostgresStore, *, older_than: timedelta) -> tuple[int, int]:
+    """Retention: delete the turn workflows (their inputs hold the conversation) and the stream logs
+    of turns that ended more than `older_than` ago. Returns (workflows, log rows) deleted. Needs this
+    process's launched engine; run it now and then from one worker or a job."""
+    cutoff = (datetime.now(UTC) - older_than).isoformat()
+    finished = await DBOS.list_workflows_async(
+        name=WORKFLOW_NAME,
+        status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
+        completed_before=cutoff,
+        load_input=False,
+        load_output=False,
+    )
+    ids = [workflow.workflow_id for workflow in finished]
+    if ids:
+        await DBOS.delete_workflows_async(ids)
+    return len(ids), await store.prune_run_chunks(older_than=older_than)
+
+
+class DurableTurns:
+    """The durable side of one `ChatEndpoint`: registered by name in this process, so a workflow
+    taken over from another process finds the endpoint to rebuild its turn with."""
+
+    def __init__(self, endpoint: ChatEndpoint[Any], engine: DurableEngine, *, name: str | None) -> None:
+        persistence = endpoint.persistence
+        if not isinstance(persistence, PostgresAgentPersistence):
+            raise DurableTurnError(
+                "Durable turns need the Postgres store (PostgresStore): a turn outlives its process only "
+                "when another process can take it over from the shared database. The SQLite store "
+                "serves one process; use it without durable=."
+            )
+        if endpoint.live is None:
+            raise DurableTurnError("Durable turns need a store with live turns (PostgresStore).")
+        self.endpoint = endpoint
+        self.engine = engine
+        self.name = name or f"{endpoint.agent.name}:{endpoint.path}"
+        _ENDPOINTS[self.name] = endpoint
+
+    async def respond(self, turn: ChatTurn, run: AgentRun[Any, Any]) -> AgentStreamResponse:
+        """The fast path: the claimed turn's response, its turn run inside its workflow here.
+
+        The workflow's row is written while the turn is prepared; its body waits for the turn the
+        response runs. The run is marked durable beside the turn's first model request, once the
+        workflow exists: a process that died before that leaves a run a newer turn replaces at once.
+        """
+        persistence, context = self._persistence, _context(turn)
+        hooks = _TurnHooks(persistence, context, run)
+        workflow_id = turn_workflow_id(turn.conversation_id, turn.run_id)
+        attached: asyncio.Future[Callable[[], Awaitable[None]]] = asyncio.get_running_loop().create_future()
+        _LOCAL[workflow_id] = attached
+        starting = asyncio.ensure_future(_start(workflow_id, self._input(turn, run, hooks.message_id)))
+
+        async def runner(run_turn: Callable[[], Awaitable[None]]) -> None:
+            try:
+                handle = await starting
+            except Exception:
+                _LOCAL.pop(workflow_id, None)
+                logger.exception("Starting a durable turn failed; it runs without durability.")
+                await run_turn()
+                return
+
+            async def run_durably() -> None:
+                marking = asyncio.ensure_future(persistence.mark_durable(context, run.state))
+                try:
+                    await run_turn()
+                finally:
+                    try:
+                        await marking
+                    except Exception:
+                        logger.exception("Marking a run durable failed.")
+
+            attached.set_result(run_durably)
+            await handle.get_result()
+
+        hooks.runner = runner
+        try:
+            return await self.endpoint.open_turn(turn, run, durable=hooks)
+        except BaseException:
+            attached.set_result(_nothing)  # the turn failed (and settled) before it streamed
+            raise
+
+    async def take_over(self, workflow_input: dict[str, Any]) -> str:
+        """The recovery path: rebuild the turn from its input, adopt its run and run it headless."""
+        from bastion.stores.chat import ChatTurn
+
+        principal = _principal(workflow_input["principal"])
+        identity = StoreIdentity.from_principal(principal)
+        turn = ChatTurn(
+            principal=principal,
+            identity=identity,
+            conversation_id=workflow_input["conversation_id"],
+            request_id=workflow_input["request_id"],
+            run_id=workflow_input["run_id"],
+        )
+        context = _context(turn)
+        state = TurnState(
+            conversation_id=turn.conversation_id,
+            run_id=turn.run_id,
+            revision=int(workflow_input["revision"]),
+            pending_approval_ids=frozenset(workflow_input["pending_approval_ids"]),
+        )
+        persistence = self._persistence
+        if not await persistence.adopt_run(context, state):
+            logger.info("The durable turn of run %s was settled or replaced; nothing to do.", turn.run_id)
+            return "superseded"
+        start = RunStart(messages=workflow_input["messages"], state=state, operation_scope=turn.run_id)
+        run = AgentRun(persistence=persistence, context=context, start=start)
+        hooks = _TurnHooks(persistence, context, run, message_id=workflow_input["message_id"])
+        response = await self.endpoint.open_turn(turn, run, durable=hooks)
+        await response.run_detached()
+        return "taken_over"
+
+    @property
+    def _persistence(self) -> PostgresAgentPersistence:
+        persistence = self.endpoint.persistence
+        assert isinstance(persistence, PostgresAgentPersistence)
+        return persistence
+
+    def _input(self, turn: ChatTurn, run: AgentRun[Any, Any], message_id: str) -> dict[str, Any]:
+        principal = turn.principal
+        state: TurnState = run.state
+        return {
+            "endpoint": self.name,
+            "principal": {
+                "id": principal.id,
+                "role": principal.role,
+                "email": principal.email,
+                "is_anonymous": principal.is_anonymous,
+                "aal": principal.aal,
+                "session_id": principal.session_id,
+                "tenant_id": principal.tenant_id,
+                "roles": list(principal.roles),
+                "claims": dict(principal.claims),
+            },
+            "conversation_id": turn.conversation_id,
+            "request_id": turn.request_id,
+            "run_id": turn.run_id,
+            "revision": state.revision,
+            "pending_approval_ids": sorted(state.pending_approval_ids),
+            "messages": run.messages,
+            "message_id": message_id,
+        }
+
+
+class _TurnHooks:
+    """One durable turn's additions to the chat route: its model steps, its tool hook (which marks
+    where a taken-over turn stops replaying), its deterministic message id and its runner."""
+
+    def __init__(
+        self,
+        persistence: PostgresAgentPersistence,
+        context: TurnContext,
+        run: AgentRun[Any, Any],
+        *,
+        message_id: str | None = None,
+    ) -> None:
+        self._persistence = persistence
+        self._context = context
+        self._run = run
+        run_id: str = run.state.run_id
+        self.message_id = message_id or uuid.uuid5(_IDS, run_id).hex
+        self.runner: TurnRunner | None = None
+        self._log: ChunkLog | None = None
+        self.steps = _ModelSteps(run_id, self._new_attempt, self._record_results)
+
+    def attach(self, log: ChunkLog | None) -> None:
+        self._log = log
+
+    def _new_attempt(self) -> None:
+        """What follows is produced afresh: it supersedes whatever an earlier attempt logged from here."""
+        if self._log is not None:
+            self._log.reset()
+
+    async def _record_results(self) -> None:
+        await self._persistence.record_tool_results(self._context, self._run.state)
+
+    def execute_tool(self, hook: ExecuteToolHook) -> ExecuteToolHook:
+        async def execute_tool(
+            *,
+            name: str,
+            tool_call_id: str,
+            input: Any,
+            execute: Callable[[str], Awaitable[Any]],
+            origin: CallOrigin,
+            idempotent: bool,
+        ) -> Any:
+            async def run_it(key: str) -> Any:
+                self._new_attempt()
+                return await execute(key)
+
+            try:
+                return await hook(
+                    name=name,
+                    tool_call_id=tool_call_id,
+                    input=input,
+                    execute=run_it,
+                    origin=origin,
+                    idempotent=idempotent,
+                )
+            except Exception:
+                self._new_attempt()  # a refusal (an outcome unknown) is not what a dead attempt logged
+                raise
+
+        return execute_tool
+
+
+class _ModelSteps:
+    """`ModelSteps` on DBOS: each model request a step whose body streams live through a queue."""
+
+    def __init__(
+        self,
+        id_seed: str,
+        new_attempt: Callable[[], None],
+        before_request: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.id_seed = id_seed
+        self._new_attempt = new_attempt
+        self._before_request = before_request
+
+    async def request(
+        self,
+        step: int,
+        produce: Callable[[], AsyncIterator[Chunk]],
+        response: list[ModelResponse],
+    ) -> AsyncIterator[Chunk]:
+        live: asyncio.Queue[Chunk | None] = asyncio.Queue()
+        failure: list[BaseException] = []
+
+        async def body() -> dict[str, Any]:
+            self._new_attempt()
+            await self._before_request()
+            chunks: list[Chunk] = []
+            outcome = "completed"
+            try:
+                async for chunk in produce():
+                    chunks.append(chunk)
+                    live.put_nowait(chunk)
+            except AgentCancelledError:
+                outcome = "cancelled"
+            except Exception as error:
+                failure.append(error)
+                outcome = "failed"
+            recorded: dict[str, Any] = {"outcome": outcome, "chunks": chunks}
+            if outcome == "completed":
+                recorded["response"] = ModelMessagesTypeAdapter.dump_json(
+                    list[ModelMessage](response)
+                ).decode()
+            return recorded
+
+        task = asyncio.ensure_future(_model_request_step(body))
+        task.add_done_callback(lambda _: live.put_nowait(None))
+        sent = 0
+        try:
+            while (chunk := await live.get()) is not None:
+                sent += 1
+                yield chunk
+            recorded = await task
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        for chunk in recorded["chunks"][sent:]:
+            yield chunk
+        if recorded["outcome"] == "cancelled":
+            raise AgentCancelledError
+        if recorded["outcome"] == "failed":
+            if failure:
+                raise failure[0]
+            raise DurableTurnError("The model request failed in an earlier execution of this turn.")
+        if not response:
+            [replayed] = ModelMessagesTypeAdapter.validate_json(recorded["response"])
+            assert isinstance(replayed, ModelResponse)
+            response.append(replayed)
+
+
+@DBOS.step(name=MODEL_STEP_NAME)
+async def _model_request_step(body: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """One model request of a turn: the response and the chunks it streamed (see `_ModelSteps`)."""
+    return await body()
+
+
+@DBOS.workflow(name=WORKFLOW_NAME)
+async def _turn_workflow(workflow_input: dict[str, Any]) -> str:
+    """One turn: the one this process's POST attached, or one taken over from a dead process."""
+    workflow_id = DBOS.workflow_id
+    attached = _LOCAL.pop(workflow_id, None) if workflow_id is not None else None
+    if attached is not None:
+        await (await attached)()
+        return "ran"
+    endpoint = await _endpoint(workflow_input["endpoint"])
+    if endpoint is None or endpoint.durable is None:
+        raise DurableTurnError(
+            f"No durable chat endpoint named {workflow_input['endpoint']!r} in this process: build "
+            "the same chat routes (with durable=) in every worker before launching the engine."
+        )
+    return await endpoint.durable.take_over(workflow_input)
+
+
+async def _start(workflow_id: str, workflow_input: dict[str, Any]) -> Any:
+    with SetWorkflowID(workflow_id):
+        return await DBOS.start_workflow_async(_turn_workflow, workflow_input)
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def _endpoint(name: str) -> ChatEndpoint[Any] | None:
+    """The named endpoint; a workflow handed to this process while it starts waits for its routes."""
+    for _ in range(int(_ENDPOINT_WAIT_SECONDS / 0.05)):
+        if name in _ENDPOINTS:
+            return _ENDPOINTS[name]
+        await asyncio.sleep(0.05)
+    return _ENDPOINTS.get(name)
+
+
+def _context(turn: ChatTurn) -> TurnContext:
+    return TurnContext(
+        identity=turn.identity, conversation_id=turn.conversation_id, request_id=turn.request_id
+    )
+
+
+def _principal(data: dict[str, Any]) -> Principal:
+    return Principal(
+        id=data["id"],
+        role=data["role"],
+        email=data["email"],
+        is_anonymous=bool(data["is_anonymous"]),
+        aal=data["aal"],
+        session_id=data["session_id"],
+        tenant_id=data["tenant_id"],
+        roles=tuple(data["roles"]),
+        claims=data["claims"],
+    )

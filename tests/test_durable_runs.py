@@ -1,0 +1,285 @@
+"""Durable runs in one process: the store's take-over rules (a durable run stays live while its
+dead worker's turn waits to be taken over, is adopted only from a dead worker and only while it
+still runs, and leaves its in-flight operations uncertain), the durable chat route's fast path and
+its stop, retention, and the SQLite store's refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+import httpx2
+import psycopg
+import pytest
+import uvicorn
+
+from bastion import define_agent
+from bastion.durable import DurableEngine, DurableTurnError, prune_finished_turns, turn_workflow_id
+from bastion.persistence import RunInput, RunOutcome, ToolOperation
+from bastion.stores import (
+    ConversationBusyError,
+    PostgresStore,
+    SqliteStore,
+    StoreIdentity,
+    ToolOperationUncertainError,
+    TurnContext,
+)
+from bastion.stores.chat import ChatEndpoint, chat_routes
+from bastion.worker import create_agent_worker
+from tests.conftest import MigratedDatabase
+from tests.durable_cluster import free_port, user_message
+from tests.scripted import ScriptedModel
+from tests.test_chat_routes import Project
+from tests.test_live_turns import GatedModel
+from tests.test_readme_entities import readme_example
+
+
+def message(text: str) -> dict[str, Any]:
+    return {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+async def claim(store: PostgresStore, who: StoreIdentity, conversation: str, **options: Any) -> Any:
+    persistence = store.persistence(**options)
+    context = TurnContext(identity=who, conversation_id=conversation, request_id=uuid.uuid4().hex)
+    start = await persistence.start_run(context, RunInput(messages=[message("hi")], trigger="submit-message"))
+    return persistence, context, start.state
+
+
+def operation(
+    key: str, ran: list[str], *, idempotent: bool = False, wait: asyncio.Event | None = None
+) -> Any:
+    async def send() -> str:
+        ran.append(key)
+        if wait is not None:
+            await wait.wait()
+        return "sent"
+
+    return ToolOperation(
+        name="send", tool_call_id="call_0", input={}, execute=send, key=key, idempotent=idempotent
+    )
+
+
+async def test_a_durable_run_of_a_dead_worker_waits_to_be_adopted_and_only_a_dead_workers_run_is(
+    migrated_database: MigratedDatabase,
+) -> None:
+    who = StoreIdentity(user_id=str(uuid.uuid4()))
+    dead = await PostgresStore.open(migrated_database.app_dsn, max_size=2)
+    live = await PostgresStore.open(migrated_database.app_dsn, max_size=2)
+    other = await PostgresStore.open(migrated_database.app_dsn, max_size=2)
+    try:
+        conversation = (await live.create_conversation(who)).id
+        persistence, context, state = await claim(dead, who, conversation)
+        assert await persistence.mark_durable(context, state) is True
+        ran: list[str] = []
+        forever = asyncio.Event()
+        running = [
+            asyncio.ensure_future(persistence.execute_tool(context, state, operation(key, ran, wait=forever)))
+            for key in ("op/send", "op/save")
+        ]
+        while len(ran) < 2:
+            await asyncio.sleep(0.01)
+        # While its worker lives, nobody else adopts the run.
+        adopter = live.persistence()
+        assert await adopter.adopt_run(context, state) is False
+        await dead.close()  # the worker lock goes with the process
+        for task in running:
+            task.cancel()
+        # Its worker is dead, yet a newer turn does not replace it: it waits to be taken over.
+        with pytest.raises(ConversationBusyError) as busy:
+            await claim(live, who, conversation)
+        assert busy.value.retry_after > 0
+        assert await adopter.adopt_run(context, state) is True
+        # What the dead worker left in flight is uncertain: refused, unless the tool is idempotent.
+        with pytest.raises(ToolOperationUncertainError):
+            await adopter.execute_tool(context, state, operation("op/send", ran))
+        assert (
+            await adopter.execute_tool(context, state, operation("op/save", ran, idempotent=True)) == "sent"
+        )
+        assert ran == ["op/send", "op/save", "op/save"]
+        # A live adopter keeps it; a settled run is adopted by nobody.
+        assert await other.persistence().adopt_run(context, state) is False
+        await adopter.finish_run(context, state, RunOutcome(status="completed"))
+        await other.close()
+        assert await adopter.adopt_run(context, state) is False
+    finally:
+        for store in (dead, live, other):
+            await store.close()
+
+
+async def test_a_durable_run_whose_every_worker_died_frees_its_conversation_when_its_lease_ends(
+    migrated_database: MigratedDatabase,
+) -> None:
+    who = StoreIdentity(user_id=str(uuid.uuid4()))
+    dead = await PostgresStore.open(migrated_database.app_dsn, max_size=2)
+    async with await PostgresStore.open(migrated_database.app_dsn, max_size=2) as live:
+        conversation = (await live.create_conversation(who)).id
+        persistence, context, state = await claim(dead, who, conversation, lease_seconds=0.5)
+        await persistence.mark_durable(context, state)
+        await dead.close()
+        for _ in range(200):
+            try:
+                await claim(live, who, conversation)
+                break
+            except ConversationBusyError:
+                await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("The conversation never freed itself.")
+        # Replaced: a take-over that comes now finds nothing to adopt.
+        assert await live.persistence().adopt_run(context, state) is False
+        events = [(e.type, e.run_id) for e in await live.list_events(who, conversation)]
+        assert ("run.interrupted", state.run_id) in events
+
+
+async def test_the_sqlite_store_refuses_durable_turns(
+    sqlite_store: SqliteStore, durable_engine: DurableEngine
+) -> None:
+    agent = define_agent(name="durable", instructions="Answer.")
+    with pytest.raises(DurableTurnError, match="Postgres store"):
+        ChatEndpoint(
+            agent=agent,
+            store=sqlite_store,
+            model=ScriptedModel(["hi"]),
+            context=lambda t: t,
+            durable=durable_engine,
+        )
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    store: PostgresStore, model: Any, engine: DurableEngine, project: Project
+) -> AsyncIterator[str]:
+    agent = define_agent(name=f"durable-{uuid.uuid4().hex[:6]}", instructions="Answer.")
+    routes = chat_routes(agent=agent, store=store, model=model, context=lambda t: t, durable=engine)
+    app = create_agent_worker(env=project.env, routes=routes)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+def chunks_of(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+def workflow(database: MigratedDatabase, conversation: str, run_id: str) -> tuple[str, str] | None:
+    with psycopg.connect(database.admin_dsn) as conn:
+        row = conn.execute(
+            "select status, executor_id from dbos.workflow_status where workflow_uuid = %s",
+            (turn_workflow_id(conversation, run_id),),
+        ).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+async def finished(database: MigratedDatabase, conversation: str, run_id: str) -> tuple[str, str] | None:
+    """The workflow's status once it ended (it records its end just after the response's last byte)."""
+    for _ in range(200):
+        found = workflow(database, conversation, run_id)
+        if found is not None and found[0] != "PENDING":
+            return found
+        await asyncio.sleep(0.02)
+    return workflow(database, conversation, run_id)
+
+
+def runs(database: MigratedDatabase, conversation: str) -> Sequence[tuple[str, str, bool]]:
+    with psycopg.connect(database.admin_dsn) as conn:
+        return conn.execute(
+            "select id::text, status, durable from bastion.runs where conversation_id = %s "
+            "order by started_at",
+            (conversation,),
+        ).fetchall()
+
+
+async def test_a_durable_turn_streams_in_its_workflow_can_be_stopped_and_is_pruned_when_old(
+    migrated_database: MigratedDatabase, durable_engine: DurableEngine
+) -> None:
+    project = Project()
+    user = str(uuid.uuid4())
+    headers = project.headers(user)
+    conversation = str(uuid.uuid4())
+    gated = GatedModel(["Part", "ial"], [" never."])
+    model = ScriptedModel(["Hello", " there."], ["Again."])
+    async with await PostgresStore.open(migrated_database.app_dsn, max_size=4) as store:
+        async with (
+            serve(store, model, durable_engine, project) as url,
+            httpx2.AsyncClient(timeout=30) as http,
+        ):
+            body = {"id": conversation, "messages": [user_message("hi")], "trigger": "submit-message"}
+            response = await http.post(f"{url}/api/chat", json=body, headers=headers)
+            assert response.status_code == 200
+            chunks = chunks_of(response.text)
+            assert [c["type"] for c in chunks][-1] == "finish"
+            assert "".join(c.get("delta", "") for c in chunks) == "Hello there."
+            [(run_id, status, durable)] = runs(migrated_database, conversation)
+            assert (status, durable) == ("completed", True)
+            # The response message's id derives from the run: a take-over streams the same one.
+            assert (
+                chunks[0]["messageId"]
+                == uuid.uuid5(uuid.UUID("0f3c2d9a-41b7-4e0c-8a5e-6b1d7c2e9f48"), run_id).hex
+            )
+            assert await finished(migrated_database, conversation, run_id) == (
+                "SUCCESS",
+                durable_engine.executor_id,
+            )
+        async with (
+            serve(store, gated, durable_engine, project) as url,
+            httpx2.AsyncClient(timeout=30) as http,
+        ):
+            stopped_conversation = str(uuid.uuid4())
+            body = {
+                "id": stopped_conversation,
+                "messages": [user_message("hi")],
+                "trigger": "submit-message",
+            }
+            posted = asyncio.ensure_future(http.post(f"{url}/api/chat", json=body, headers=headers))
+            await gated.waiting.wait()
+            stop = await http.post(f"{url}/api/chat/{stopped_conversation}/stop", headers=headers)
+            assert stop.status_code == 200 and stop.json()["settled"] is True
+            response = await posted
+            assert [c["type"] for c in chunks_of(response.text)][-2:] == ["abort", "finish"]
+            [(stopped_run, status, _)] = runs(migrated_database, stopped_conversation)
+            assert status == "cancelled"
+            assert await finished(migrated_database, stopped_conversation, stopped_run) == (
+                "SUCCESS",
+                durable_engine.executor_id,
+            )
+        with psycopg.connect(migrated_database.admin_dsn) as conn:
+            kept = conn.execute(
+                "select count(*) from bastion.run_chunks where run_id = %s", (run_id,)
+            ).fetchone()
+        assert kept and kept[0] > 0
+        assert (await prune_finished_turns(store, older_than=timedelta(days=1)))[0] == 0
+        deleted, rows = await prune_finished_turns(store, older_than=timedelta(0))
+        assert deleted >= 2 and rows >= 2
+        assert workflow(migrated_database, conversation, run_id) is None
+        with psycopg.connect(migrated_database.admin_dsn) as conn:
+            left = conn.execute(
+                "select count(*) from bastion.run_chunks where run_id = %s", (run_id,)
+            ).fetchone()
+        assert left == (0,)
+
+
+async def test_the_readme_durable_example_builds_durable_chat_routes(
+    migrated_database: MigratedDatabase,
+) -> None:
+    durable_chat = readme_example("durable_chat")["durable_chat"]
+    agent = define_agent(name="readme-durable", instructions="Answer.")
+    routes, engine, store = await durable_chat(migrated_database.app_dsn, agent, ScriptedModel(["hi"]), None)
+    try:
+        assert ("POST", "/api/chat") in [(route.method, route.path) for route in routes]
+        assert isinstance(engine, DurableEngine) and engine.executor_id
+    finally:
+        await engine.close()
+        await store.close()
