@@ -1,0 +1,249 @@
+"""Delivery of the outbox to hooks on DBOS queues, so a dead worker's deliveries are finished by a live one.
+
+Each process runs a dispatcher: woken by the outbox's notifications (channel `bastion_hooks`) and
+polling slowly as well, it takes each hook's next events and enqueues one workflow per event and
+hook, with the id `bastion.hook:{hook}:{event id}` (zero-padded, so ids sort in event order; a
+replay adds `:r{generation}`), then moves the hook's position. Enqueuing an id again is a no-op,
+so a dispatcher that dies between the enqueue and the move loses and doubles nothing.
+
+Each hook has a queue of its own (`bastion.hooks.{hook}`), partitioned by conversation with one
+delivery at a time per partition: a hook sees a conversation's events in order, and a slow or
+broken hook holds up only its own deliveries, never a turn (turns only write the outbox) nor
+another hook. A delivery calls the hook in one step per attempt, waiting with a durable sleep
+between attempts (the hook's `RetryPolicy`); every failed attempt is recorded for the operator,
+and after the last one the delivery gives up and the hook goes on (`replay` delivers it again).
+
+DBOS records a step's outcome after it returns, so a worker killed after the hook acted and before
+that record makes the next worker call the hook again with the same event: delivery is at least
+once, and a hook keyed by `HookEvent.id` acts once in effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Final, TypeAlias
+
+import psycopg
+from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool
+
+from bastion.durable import DurableEngine
+from bastion.hooks.events import HookEvent
+from bastion.hooks.outbox import PostgresHookOutbox
+from bastion.hooks.registry import Hook, HookRegistry
+
+__all__ = ["CHANNEL", "HookDelivery", "delivery_workflow_id", "hook_queue_name", "queued_deliveries"]
+
+logger = logging.getLogger("bastion.hooks")
+
+Pool: TypeAlias = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
+
+CHANNEL: Final = "bastion_hooks"
+_active: HookDelivery | None = None
+
+
+def hook_queue_name(hook: str) -> str:
+    return f"bastion.hooks.{hook}"
+
+
+def delivery_workflow_id(hook: str, event_id: int, generation: int = 0) -> str:
+    base = f"bastion.hook:{hook}:{event_id:019d}"
+    return base if generation == 0 else f"{base}:r{generation}"
+
+
+def _delivery() -> HookDelivery:
+    if _active is None:
+        raise RuntimeError("No hook delivery runs in this process.")
+    return _active
+
+
+@DBOS.step(name="bastion.hooks.attempt")
+async def _attempt(hook: str, event_id: int, generation: int, attempt: int) -> str | None:
+    """One call of the hook; returns the error it failed with, or None once it succeeded."""
+    return await _delivery().attempt(hook, event_id, generation, attempt)
+
+
+@DBOS.workflow(name="bastion.hooks.deliver")
+async def _deliver(hook: str, event_id: int, generation: int) -> str:
+    policy = _delivery().hook(hook).retry
+    for attempt in range(1, policy.max_attempts + 1):
+        if await _attempt(hook, event_id, generation, attempt) is None:
+            return "delivered"
+        if attempt < policy.max_attempts:
+            await DBOS.sleep_async(policy.delay(attempt))
+    return "gave_up"
+
+
+class HookDelivery:
+    """This process's delivery of the outbox to `hooks`: a dispatcher plus the hooks' DBOS queues.
+
+    Start it with `await HookDelivery.start(engine, pool, hooks, listen_conninfo=...)` after the
+    engine launched; one per process (DBOS is one per process). `pool` connects as the application's
+    role; `listen_conninfo` is a direct (session) connection for notifications.
+    """
+
+    def __init__(
+        self,
+        engine: DurableEngine,
+        pool: Pool,
+        hooks: HookRegistry,
+        *,
+        listen_conninfo: str,
+        poll_interval: float = 1.0,
+        batch_size: int = 200,
+    ) -> None:
+        self.engine = engine
+        self.outbox: Final = PostgresHookOutbox(pool)
+        self.hooks: Final = hooks
+        self._listen_conninfo = listen_conninfo
+        self._poll = poll_interval
+        self._batch = batch_size
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    async def start(
+        cls,
+        engine: DurableEngine,
+        pool: Pool,
+        hooks: HookRegistry,
+        *,
+        listen_conninfo: str,
+        poll_interval: float = 1.0,
+        batch_size: int = 200,
+    ) -> HookDelivery:
+        global _active
+        if _active is not None:
+            raise RuntimeError("Hook delivery already runs in this process.")
+        delivery = cls(
+            engine,
+            pool,
+            hooks,
+            listen_conninfo=listen_conninfo,
+            poll_interval=poll_interval,
+            batch_size=batch_size,
+        )
+        await delivery.outbox.register(hooks)
+        for hook in hooks:
+            await engine.register_queue(hook_queue_name(hook.name), partition_concurrency=1)
+        _active = delivery
+        delivery._tasks = [
+            asyncio.ensure_future(delivery._listen()),
+            asyncio.ensure_future(delivery._dispatch_forever()),
+        ]
+        return delivery
+
+    def hook(self, name: str) -> Hook:
+        hook = self.hooks.get(name)
+        if hook is None:
+            raise LookupError(f"No hook named {name!r} is registered in this process.")
+        return hook
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def dispatch(self) -> int:
+        """Hand every hook's next events to its queue; returns how many deliveries were enqueued."""
+        enqueued = 0
+        for hook in self.hooks:
+            async with self.outbox.window(hook.name, limit=self._batch) as taken:
+                if taken is None:
+                    continue
+                conn, window = taken
+                for event in window.events:
+                    await self._enqueue(hook, event, window.generation)
+                    enqueued += 1
+                if window.position is not None:
+                    await self.outbox.advance(conn, hook.name, window.position)
+                if window.full:
+                    self._wake.set()
+        return enqueued
+
+    async def _enqueue(self, hook: Hook, event: HookEvent, generation: int) -> None:
+        with (
+            SetWorkflowID(delivery_workflow_id(hook.name, event.id, generation)),
+            SetEnqueueOptions(queue_partition_key=event.conversation_id),
+        ):
+            await DBOS.enqueue_workflow_async(
+                hook_queue_name(hook.name), _deliver, hook.name, event.id, generation
+            )
+
+    async def attempt(self, hook_name: str, event_id: int, generation: int, attempt: int) -> str | None:
+        hook = self.hook(hook_name)
+        event = await self.outbox.event(event_id)
+        if event is None:
+            return None
+        try:
+            await asyncio.wait_for(hook.handle(event), hook.timeout)
+        except Exception as error:
+            text = f"{type(error).__name__}: {error}"
+            gave_up = attempt >= hook.retry.max_attempts
+            logger.warning(
+                "Hook %s failed on event %s (attempt %s%s).",
+                hook_name,
+                event_id,
+                attempt,
+                ", giving up" if gave_up else "",
+                exc_info=True,
+            )
+            await self.outbox.record_failure(
+                event, hook_name, generation, attempt=attempt, error=text, gave_up=gave_up
+            )
+            return text
+        if attempt > 1:
+            await self.outbox.record_delivered(hook_name, event_id, generation)
+        return None
+
+    async def _dispatch_forever(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.dispatch()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("Dispatching hook events failed; trying again.", exc_info=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll)
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._listen_conninfo, autocommit=True
+                ) as conn:
+                    await conn.execute(f"listen {CHANNEL}")
+                    self._wake.set()
+                    async for _ in conn.notifies():
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("Listening for hook events failed; reconnecting.", exc_info=True)
+                await asyncio.sleep(self._poll)
+
+    async def close(self) -> None:
+        global _active
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if _active is self:
+            _active = None
+
+
+async def queued_deliveries(pool: Pool) -> dict[str, int]:
+    """Deliveries enqueued or running (handed to DBOS, not finished), per hook."""
+    async with pool.connection() as conn:
+        cursor = await conn.execute(
+            "select queue_name, count(*) from dbos.workflow_status"
+            " where queue_name like 'bastion.hooks.%%' and status in ('ENQUEUED', 'PENDING')"
+            " group by queue_name"
+        )
+        rows = await cursor.fetchall()
+    return {name.removeprefix("bastion.hooks."): count for name, count in rows}
