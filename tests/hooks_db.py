@@ -36,6 +36,10 @@ class HooksDatabase:
         """A user's own client with a valid token (Supabase's Data API): `authenticated` only."""
         return self.cluster.dsn(self.name, user="api_client")
 
+    def execute(self, statement: str, *params: Any) -> None:
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(statement.encode() if not params else statement, params or None)
+
     def rows(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
             return conn.execute(query, params).fetchall()

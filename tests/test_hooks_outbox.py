@@ -3,56 +3,15 @@ can slip behind, and each hook takes its next events from its own position."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import psycopg
 import pytest
 
 from bastion.hooks import PostgresHookOutbox, define_hook
-from bastion.persistence import RunInput, RunOutcome
-from bastion.stores import NotFoundError, PostgresStore, StoreIdentity, TurnContext
+from bastion.stores import NotFoundError, PostgresStore
+from tests.hook_scenarios import assistant_message, drain, turn, user_message
 from tests.hooks_db import HooksDatabase, someone
-
-SUBMIT = "submit-message"
-
-
-def user_message(message_id: str, text: str = "hello") -> dict[str, Any]:
-    return {"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}
-
-
-def assistant_message(message_id: str, text: str = "hi") -> dict[str, Any]:
-    return {"id": message_id, "role": "assistant", "parts": [{"type": "text", "text": text}]}
-
-
-async def turn(
-    store: PostgresStore,
-    who: StoreIdentity,
-    conversation_id: str,
-    messages: list[Any],
-    response: dict[str, Any] | None,
-    *,
-    status: str = "completed",
-    trigger: str = SUBMIT,
-) -> str:
-    context = TurnContext(identity=who, conversation_id=conversation_id, request_id=str(uuid.uuid4()))
-    persistence = store.persistence()
-    start = await persistence.start_run(context, RunInput(messages=messages, trigger=trigger))
-    await persistence.finish_run(context, start.state, RunOutcome(status=status, response_message=response))  # type: ignore[arg-type]
-    return start.state.run_id
-
-
-async def drain(outbox: PostgresHookOutbox, hook: str) -> list[Any]:
-    """Everything `hook` takes, window by window, moving its position as delivery would."""
-    taken: list[Any] = []
-    while True:
-        async with outbox.window(hook, limit=3) as opened:
-            assert opened is not None
-            conn, window = opened
-            taken += window.events
-            if window.position is None:
-                return taken
-            await outbox.advance(conn, hook, window.position)
 
 
 async def noop(event: Any) -> None:

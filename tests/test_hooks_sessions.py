@@ -3,7 +3,6 @@ event (a redelivery stores nothing new), owned by the user under row-level secur
 
 from __future__ import annotations
 
-import copy
 import uuid
 from typing import Any
 
@@ -15,58 +14,8 @@ from bastion.hooks import (
     persist_sessions,
 )
 from bastion.stores import PostgresStore, StoreIdentity
+from tests.hook_scenarios import assistant_message, conversation_of_every_kind, drain, turn, user_message
 from tests.hooks_db import HooksDatabase, as_user, someone
-from tests.test_hooks_outbox import assistant_message, drain, turn, user_message
-
-
-def approval_request(message_id: str) -> dict[str, Any]:
-    return {
-        "id": message_id,
-        "role": "assistant",
-        "parts": [
-            {"type": "step-start"},
-            {
-                "type": "tool-delete_file",
-                "toolCallId": "call-1",
-                "state": "approval-requested",
-                "input": {"path": "/tmp/x"},
-                "approval": {"id": "approval-1"},
-            },
-        ],
-    }
-
-
-def answered(message: dict[str, Any]) -> dict[str, Any]:
-    result = copy.deepcopy(message)
-    result["parts"][1]["state"] = "approval-responded"
-    result["parts"][1]["approval"] = {"id": "approval-1", "approved": True}
-    return result
-
-
-def continued(message: dict[str, Any]) -> dict[str, Any]:
-    result = copy.deepcopy(message)
-    result["parts"][1].update(state="output-available", output={"deleted": True})
-    result["parts"] += [{"type": "step-start"}, {"type": "text", "text": "Deleted."}]
-    return result
-
-
-async def conversation_of_every_kind(store: PostgresStore, who: StoreIdentity) -> str:
-    """Completed, approval asked and answered, failed, cancelled and edited turns."""
-    conversation = (await store.create_conversation(who)).id
-    await turn(store, who, conversation, [user_message("u1")], assistant_message("a1"))
-    await turn(store, who, conversation, [user_message("u2")], approval_request("a2"))
-    history = [m.message for m in await store.list_messages(who, conversation)]
-    history[-1] = answered(history[-1])
-    await turn(store, who, conversation, history, continued(history[-1]))
-    await turn(
-        store, who, conversation, [user_message("u3")], assistant_message("a3", "partial"), status="failed"
-    )
-    await turn(
-        store, who, conversation, [user_message("u4")], assistant_message("a4", "cut"), status="cancelled"
-    )
-    history = [m.message for m in await store.list_messages(who, conversation)][:-2]
-    await turn(store, who, conversation, [*history, user_message("u4", "again")], assistant_message("a5"))
-    return conversation
 
 
 def chat_path(database: HooksDatabase, conversation: str) -> list[tuple[Any, ...]]:
