@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -193,3 +194,62 @@ async def test_a_replay_delivers_a_hook_again_from_an_event_as_a_new_generation(
         await PostgresHookOutbox(hooks_store.pool).replay("nobody", expected[0][0])
     with pytest.raises(LookupError):
         await PostgresHookOutbox(hooks_store.pool).replay("recorder", 10**12)
+
+
+def bastion_hooks(database: HooksDatabase, tmp_path: Path, *args: str) -> tuple[int, str, str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "DATABASE_URL": database.admin_dsn,
+        "BASTION_APP_DATABASE_URL": database.app_dsn,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "bastion.cli", "hooks", *args, "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+async def test_the_bastion_hooks_command_lists_lag_and_failures_and_replays_a_hook(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore, tmp_path: Path
+) -> None:
+    database = hook_tables
+    async with delivering(database, hooks_store, "recorder", "broken"):
+        await simple_turns(hooks_store, 1)
+        expected = outbox_ids(database)
+        await until(lambda: len(effects(database, "recorder")) == len(expected))
+        await until(lambda: calls(database, "broken"))
+        code, listed, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path)
+        assert code == 0
+        rows = {line.split()[0]: line.split()[1:] for line in listed.splitlines()[1:]}
+        # broken: everything dispatched, its first event retrying and the rest queued behind it.
+        assert rows["broken"][:2] == [str(expected[-1][0]), "0"]
+        assert rows["broken"][3:] == [str(len(expected)), "1", "0"]
+        assert rows["recorder"][1:] == ["0", "-", "0", "0", "0"]
+        code, failed, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path, "failures", "broken")
+        assert code == 0
+        assert f"broken event {expected[0][0]} (generation 0" in failed
+        assert "retrying after 1 attempt(s)" in failed and "RuntimeError: broken always fails" in failed
+        code, replayed, _ = await asyncio.to_thread(
+            bastion_hooks, database, tmp_path, "replay", "recorder", "--from", str(expected[0][0])
+        )
+        assert (code, replayed.strip()) == (
+            0,
+            f"recorder delivers again from event {expected[0][0]} on (generation 1).",
+        )
+        await until(lambda: set(calls(database, "recorder").values()) == {2})
+    assert effects(database, "recorder") == expected
+
+
+def test_a_replay_without_a_hook_or_an_event_is_refused_before_connecting(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from bastion.cli import main
+
+    assert main(["hooks", "replay", "usage", "--data-dir", str(tmp_path)]) == 2
+    assert main(["hooks", "replay", "--from", "3", "--data-dir", str(tmp_path)]) == 2
+    assert "replay needs a hook and --from EVENT_ID" in capsys.readouterr().err
