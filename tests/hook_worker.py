@@ -19,7 +19,14 @@ async def main(names: list[str]) -> None:
     engine = await DurableEngine.launch(dsn, recovery_interval=60)
     pool = AsyncConnectionPool(dsn, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False)
     await pool.open(wait=True)
-    await HookDelivery.start(engine, pool, hook_apps.registry(*names), listen_conninfo=dsn, poll_interval=0.2)
+    await HookDelivery.start(
+        engine,
+        pool,
+        hook_apps.registry(*names),
+        listen_conninfo=dsn,
+        poll_interval=0.2,
+        queue_polling_interval=0.02,
+    )
     print("ready", engine.executor_id, flush=True)
     await asyncio.Event().wait()
 

@@ -1,20 +1,26 @@
 """Delivery of the outbox to hooks on DBOS queues, so a dead worker's deliveries are finished by a live one.
 
 Each process runs a dispatcher: woken by the outbox's notifications (channel `bastion_hooks`) and
-polling slowly as well, it takes each hook's next events and enqueues one workflow per event and
-hook, with the id `bastion.hook:{hook}:{event id}` (zero-padded, so ids sort in event order; a
-replay adds `:r{generation}`), then moves the hook's position. Enqueuing an id again is a no-op,
-so a dispatcher that dies between the enqueue and the move loses and doubles nothing.
+polling slowly as well, it takes each hook's next events and enqueues, per conversation among
+them, one workflow delivering those events in order, with the id
+`bastion.hook:{hook}:{first event id}-{last event id}` (zero-padded, so ids sort in event order; a
+replay adds `:r{generation}`), then moves the hook's position. Enqueuing an id again is a no-op, so
+a dispatcher that dies between the enqueue and the move loses nothing: the next one enqueues the
+same batch again, or (if more events arrived meanwhile) a longer one, whose events already handed
+over are delivered a second time — at least once, as always. One workflow per batch rather than per
+event keeps a busy conversation's deliveries from queueing behind one another.
 
 Each hook has a queue of its own (`bastion.hooks.{hook}`), partitioned by conversation with one
 delivery at a time per partition: a hook sees a conversation's events in order, and a slow or
 broken hook holds up only its own deliveries, never a turn (turns only write the outbox) nor
 another hook. A delivery calls the hook in one step per attempt, waiting with a durable sleep
 between attempts (the hook's `RetryPolicy`); every failed attempt is recorded for the operator,
-and after the last one the delivery gives up and the hook goes on (`replay` delivers it again).
+and after the last one the delivery gives up on that event and goes on (`replay` delivers it
+again). A step calls the hook with the batch's events in order until one fails, so a healthy
+batch costs one step.
 
 DBOS records a step's outcome after it returns, so a worker killed after the hook acted and before
-that record makes the next worker call the hook again with the same event: delivery is at least
+that record makes the next worker call the hook again with the step's events: delivery is at least
 once, and a hook keyed by `HookEvent.id` acts once in effect.
 """
 
@@ -23,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Final, TypeAlias
+from collections.abc import Coroutine
+from typing import Any, Final, TypeAlias, TypeVar
 
 import psycopg
 from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
@@ -31,7 +38,6 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
 from bastion.durable import DurableEngine
-from bastion.hooks.events import HookEvent
 from bastion.hooks.outbox import PostgresHookOutbox
 from bastion.hooks.registry import Hook, HookRegistry
 
@@ -41,6 +47,8 @@ logger = logging.getLogger("bastion.hooks")
 
 Pool: TypeAlias = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
+T = TypeVar("T")
+
 CHANNEL: Final = "bastion_hooks"
 _active: HookDelivery | None = None
 
@@ -49,8 +57,8 @@ def hook_queue_name(hook: str) -> str:
     return f"bastion.hooks.{hook}"
 
 
-def delivery_workflow_id(hook: str, event_id: int, generation: int = 0) -> str:
-    base = f"bastion.hook:{hook}:{event_id:019d}"
+def delivery_workflow_id(hook: str, first_event_id: int, last_event_id: int, generation: int = 0) -> str:
+    base = f"bastion.hook:{hook}:{first_event_id:019d}-{last_event_id:019d}"
     return base if generation == 0 else f"{base}:r{generation}"
 
 
@@ -61,20 +69,32 @@ def _delivery() -> HookDelivery:
 
 
 @DBOS.step(name="bastion.hooks.attempt")
-async def _attempt(hook: str, event_id: int, generation: int, attempt: int) -> str | None:
-    """One call of the hook; returns the error it failed with, or None once it succeeded."""
-    return await _delivery().attempt(hook, event_id, generation, attempt)
+async def _attempt(hook: str, event_ids: list[int], generation: int, attempt: int) -> tuple[int, str | None]:
+    """Call the hook with each event in order until one fails (the first on its `attempt`th try, the
+    others on their first); returns how many succeeded and the error of the one that failed."""
+    delivery = _delivery()
+    return await delivery.on_own_loop(delivery.attempt(hook, event_ids, generation, attempt))
 
 
 @DBOS.workflow(name="bastion.hooks.deliver")
-async def _deliver(hook: str, event_id: int, generation: int) -> str:
+async def _deliver(hook: str, event_ids: list[int], generation: int) -> int:
+    """Deliver one conversation's events to `hook` in order, a failing one retried by the hook's policy
+    before the next; returns how many were given up."""
     policy = _delivery().hook(hook).retry
-    for attempt in range(1, policy.max_attempts + 1):
-        if await _attempt(hook, event_id, generation, attempt) is None:
-            return "delivered"
-        if attempt < policy.max_attempts:
-            await DBOS.sleep_async(policy.delay(attempt))
-    return "gave_up"
+    remaining, attempt, given_up = list(event_ids), 1, 0
+    while remaining:
+        done, error = await _attempt(hook, remaining, generation, attempt)
+        if done:
+            attempt = 1
+        remaining = remaining[done:]
+        if error is None:
+            break
+        if attempt >= policy.max_attempts:
+            remaining, attempt, given_up = remaining[1:], 1, given_up + 1
+            continue
+        await DBOS.sleep_async(policy.delay(attempt))
+        attempt += 1
+    return given_up
 
 
 class HookDelivery:
@@ -103,6 +123,7 @@ class HookDelivery:
         self._batch = batch_size
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._loop = asyncio.get_running_loop()
 
     @classmethod
     async def start(
@@ -114,7 +135,10 @@ class HookDelivery:
         listen_conninfo: str,
         poll_interval: float = 1.0,
         batch_size: int = 200,
+        queue_polling_interval: float = 0.1,
     ) -> HookDelivery:
+        """Register the hooks and their queues (each polled every `queue_polling_interval` seconds, the
+        wait between two deliveries of one conversation), then dispatch until `close`."""
         global _active
         if _active is not None:
             raise RuntimeError("Hook delivery already runs in this process.")
@@ -128,7 +152,11 @@ class HookDelivery:
         )
         await delivery.outbox.register(hooks)
         for hook in hooks:
-            await engine.register_queue(hook_queue_name(hook.name), partition_concurrency=1)
+            await engine.register_queue(
+                hook_queue_name(hook.name),
+                partition_concurrency=1,
+                polling_interval_sec=queue_polling_interval,
+            )
         _active = delivery
         delivery._tasks = [
             asyncio.ensure_future(delivery._listen()),
@@ -142,19 +170,29 @@ class HookDelivery:
             raise LookupError(f"No hook named {name!r} is registered in this process.")
         return hook
 
+    async def on_own_loop(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run `work` on the loop that started delivery, where the application's pool and clients live:
+        DBOS may run a dequeued workflow on a loop of its own."""
+        if asyncio.get_running_loop() is self._loop:
+            return await work
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
+
     def wake(self) -> None:
         self._wake.set()
 
     async def dispatch(self) -> int:
-        """Hand every hook's next events to its queue; returns how many deliveries were enqueued."""
+        """Hand every hook's next events to its queue; returns how many workflows were enqueued."""
         enqueued = 0
         for hook in self.hooks:
             async with self.outbox.window(hook.name, limit=self._batch) as taken:
                 if taken is None:
                     continue
                 conn, window = taken
+                batches: dict[str, list[int]] = {}
                 for event in window.events:
-                    await self._enqueue(hook, event, window.generation)
+                    batches.setdefault(event.conversation_id, []).append(event.id)
+                for conversation, event_ids in batches.items():
+                    await self._enqueue(hook, conversation, event_ids, window.generation)
                     enqueued += 1
                 if window.position is not None:
                     await self.outbox.advance(conn, hook.name, window.position)
@@ -162,40 +200,45 @@ class HookDelivery:
                     self._wake.set()
         return enqueued
 
-    async def _enqueue(self, hook: Hook, event: HookEvent, generation: int) -> None:
+    async def _enqueue(self, hook: Hook, conversation: str, event_ids: list[int], generation: int) -> None:
         with (
-            SetWorkflowID(delivery_workflow_id(hook.name, event.id, generation)),
-            SetEnqueueOptions(queue_partition_key=event.conversation_id),
+            SetWorkflowID(delivery_workflow_id(hook.name, event_ids[0], event_ids[-1], generation)),
+            SetEnqueueOptions(queue_partition_key=conversation),
         ):
             await DBOS.enqueue_workflow_async(
-                hook_queue_name(hook.name), _deliver, hook.name, event.id, generation
+                hook_queue_name(hook.name), _deliver, hook.name, event_ids, generation
             )
 
-    async def attempt(self, hook_name: str, event_id: int, generation: int, attempt: int) -> str | None:
+    async def attempt(
+        self, hook_name: str, event_ids: list[int], generation: int, attempt: int
+    ) -> tuple[int, str | None]:
         hook = self.hook(hook_name)
-        event = await self.outbox.event(event_id)
-        if event is None:
-            return None
-        try:
-            await asyncio.wait_for(hook.handle(event), hook.timeout)
-        except Exception as error:
-            text = f"{type(error).__name__}: {error}"
-            gave_up = attempt >= hook.retry.max_attempts
-            logger.warning(
-                "Hook %s failed on event %s (attempt %s%s).",
-                hook_name,
-                event_id,
-                attempt,
-                ", giving up" if gave_up else "",
-                exc_info=True,
-            )
-            await self.outbox.record_failure(
-                event, hook_name, generation, attempt=attempt, error=text, gave_up=gave_up
-            )
-            return text
-        if attempt > 1:
-            await self.outbox.record_delivered(hook_name, event_id, generation)
-        return None
+        events = await self.outbox.events(event_ids)
+        for index, event_id in enumerate(event_ids):
+            tries = attempt if index == 0 else 1
+            event = events.get(event_id)
+            if event is None:
+                continue  # no longer in the outbox: nothing to deliver
+            try:
+                await asyncio.wait_for(hook.handle(event), hook.timeout)
+            except Exception as error:
+                text = f"{type(error).__name__}: {error}"
+                gave_up = tries >= hook.retry.max_attempts
+                logger.warning(
+                    "Hook %s failed on event %s (attempt %s%s).",
+                    hook_name,
+                    event_id,
+                    tries,
+                    ", giving up" if gave_up else "",
+                    exc_info=True,
+                )
+                await self.outbox.record_failure(
+                    event, hook_name, generation, attempt=tries, error=text, gave_up=gave_up
+                )
+                return index, text
+            if tries > 1:
+                await self.outbox.record_delivered(hook_name, event_id, generation)
+        return len(event_ids), None
 
     async def _dispatch_forever(self) -> None:
         while True:

@@ -182,13 +182,14 @@ class PostgresHookOutbox:
             (position[0], position[1], hook),
         )
 
-    async def event(self, event_id: int) -> HookEvent | None:
+    async def events(self, event_ids: list[int]) -> dict[int, HookEvent]:
+        """The events of these ids that the outbox still holds."""
         async with self._pool.connection() as conn:
             cursor = await conn.execute(
-                f"select {_EVENT_COLUMNS} from bastion.hook_events e where e.id = %s", (event_id,)
+                f"select {_EVENT_COLUMNS} from bastion.hook_events e where e.id = any(%s)", (event_ids,)
             )
-            row = await cursor.fetchone()
-        return None if row is None else _event(row)
+            rows = await cursor.fetchall()
+        return {row[0]: _event(row) for row in rows}
 
     async def record_failure(
         self, event: HookEvent, hook: str, generation: int, *, attempt: int, error: str, gave_up: bool

@@ -16,8 +16,9 @@ _WIDTHS = (10, 6, 8, 7, 9, 8)
 
 
 async def status_report(pool: Pool, *, now: datetime | None = None) -> list[str]:
-    """One line per hook: events not yet handed to delivery and the age of the oldest, deliveries
-    queued or running, retrying and given up."""
+    """One line per hook: events not yet handed to delivery (lag) and the age of the oldest, delivery
+    workflows queued or running (each a conversation's batch of events), events retrying and events
+    given up."""
     outbox = PostgresHookOutbox(pool)
     statuses = await outbox.status()
     if not statuses:
