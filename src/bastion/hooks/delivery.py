@@ -50,6 +50,7 @@ Pool: TypeAlias = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 T = TypeVar("T")
 
 CHANNEL: Final = "bastion_hooks"
+_BEHIND_RETRY: Final = 0.02
 _active: HookDelivery | None = None
 
 
@@ -124,6 +125,8 @@ class HookDelivery:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
+        self._behind = False
+        self._gather = 0.0
 
     @classmethod
     async def start(
@@ -136,9 +139,12 @@ class HookDelivery:
         poll_interval: float = 1.0,
         batch_size: int = 200,
         queue_polling_interval: float = 0.1,
+        gather_delay: float = 0.05,
     ) -> HookDelivery:
         """Register the hooks and their queues (each polled every `queue_polling_interval` seconds, the
-        wait between two deliveries of one conversation), then dispatch until `close`."""
+        wait between two deliveries of one conversation), then dispatch until `close`. A wake-up waits
+        `gather_delay` seconds before dispatching, so a busy outbox is handed over in fewer, larger
+        batches (each delivery workflow costs DBOS a few transactions)."""
         global _active
         if _active is not None:
             raise RuntimeError("Hook delivery already runs in this process.")
@@ -150,6 +156,7 @@ class HookDelivery:
             poll_interval=poll_interval,
             batch_size=batch_size,
         )
+        delivery._gather = gather_delay
         await delivery.outbox.register(hooks)
         for hook in hooks:
             await engine.register_queue(
@@ -183,6 +190,7 @@ class HookDelivery:
     async def dispatch(self) -> int:
         """Hand every hook's next events to its queue; returns how many workflows were enqueued."""
         enqueued = 0
+        self._behind = False
         for hook in self.hooks:
             async with self.outbox.window(hook.name, limit=self._batch) as taken:
                 if taken is None:
@@ -198,6 +206,7 @@ class HookDelivery:
                     await self.outbox.advance(conn, hook.name, window.position)
                 if window.full:
                     self._wake.set()
+                self._behind = self._behind or window.behind
         return enqueued
 
     async def _enqueue(self, hook: Hook, conversation: str, event_ids: list[int], generation: int) -> None:
@@ -249,8 +258,13 @@ class HookDelivery:
                 raise
             except Exception:
                 logger.warning("Dispatching hook events failed; trying again.", exc_info=True)
+            # Committed events behind a transaction still running: look again soon, as that
+            # transaction's end may notify nobody.
+            wait = _BEHIND_RETRY if self._behind else self._poll
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._poll)
+                await asyncio.wait_for(self._wake.wait(), wait)
+            if self._gather:
+                await asyncio.sleep(self._gather)
 
     async def _listen(self) -> None:
         while True:

@@ -65,16 +65,26 @@ select e.tx::text, e.id, e.type from bastion.hook_events e
 """
 
 
+_BEHIND: Final = """
+select exists (
+  select 1 from bastion.hook_events e
+   where (e.tx, e.id) > (%(tx)s::xid8, %(id)s::bigint) and e.tx >= pg_snapshot_xmin(pg_current_snapshot())
+)
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class EventWindow:
     """Events a hook takes next, and the position after everything scanned (`None`: nothing new);
-    `full` when the scan hit its limit, so more may be waiting."""
+    `full` when the scan hit its limit, so more may be waiting; `behind` when events past the position
+    wait for an older transaction still running (they become readable when it ends)."""
 
     hook: str
     generation: int
     events: list[HookEvent]
     position: tuple[str, int] | None
     full: bool
+    behind: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -173,7 +183,17 @@ class PostgresHookOutbox:
                 )
                 found = [_event(r) for r in await cursor.fetchall()]
             position = (scanned[-1][0], scanned[-1][1]) if scanned else None
-            yield conn, EventWindow(hook, generation, found, position, len(scanned) >= limit)
+            full = len(scanned) >= limit
+            behind = False
+            if not full:
+                last = position or (tx, event_id)
+                behind = bool(
+                    (
+                        await (await conn.execute(_BEHIND, {"tx": last[0], "id": last[1]})).fetchone()
+                        or (False,)
+                    )[0]
+                )
+            yield conn, EventWindow(hook, generation, found, position, full, behind)
 
     async def advance(self, conn: Connection, hook: str, position: tuple[str, int]) -> None:
         await conn.execute(
