@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 
 from bastion.durable import DurableEngine
-from bastion.hooks import EVENT_TYPES, HookDelivery, PostgresHookOutbox, queued_deliveries
+from bastion.hooks import (
+    EVENT_TYPES,
+    HookDelivery,
+    HookEvent,
+    HookRegistry,
+    PostgresHookOutbox,
+    define_hook,
+    queued_deliveries,
+)
 from bastion.stores import PostgresStore
 from tests import hook_apps
 from tests.hook_scenarios import assistant_message, every_event_type, turn, user_message
@@ -253,3 +261,30 @@ def test_a_replay_without_a_hook_or_an_event_is_refused_before_connecting(
     assert main(["hooks", "replay", "usage", "--data-dir", str(tmp_path)]) == 2
     assert main(["hooks", "replay", "--from", "3", "--data-dir", str(tmp_path)]) == 2
     assert "replay needs a hook and --from EVENT_ID" in capsys.readouterr().err
+
+
+async def test_a_hook_runs_on_the_loop_that_started_delivery_where_the_applications_pool_lives(
+    hooks_database: HooksDatabase, hooks_store: PostgresStore
+) -> None:
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def probe(event: HookEvent) -> None:
+        loops.append(asyncio.get_running_loop())
+        async with hooks_store.pool.connection() as conn:  # the pool was opened on this test's loop
+            await conn.execute("select 1")
+
+    hooks = HookRegistry([define_hook("probe", events={"run.completed"}, handle=probe, start="earliest")])
+    async with await DurableEngine.launch(hooks_database.app_dsn, recovery_interval=1) as engine:
+        delivery = await HookDelivery.start(
+            engine,
+            hooks_store.pool,
+            hooks,
+            listen_conninfo=hooks_database.app_dsn,
+            queue_polling_interval=0.02,
+        )
+        try:
+            await simple_turns(hooks_store, 2)
+            await until(lambda: len(loops) == 2)
+        finally:
+            await delivery.close()
+    assert loops == [asyncio.get_running_loop()] * 2
