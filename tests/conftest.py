@@ -13,6 +13,7 @@ import pytest
 
 from bastion.durable import DurableEngine, migrate_durable
 from bastion.stores import PostgresStore, SqliteStore, apply_migrations
+from tests.hooks_db import hooks_database, hooks_store  # noqa: F401  (the hooks' fixtures)
 from tests.inbox_db import inbox, inbox_database, inbox_store  # noqa: F401  (the inbox's fixtures)
 from tests.memory_db import memory_database, memory_store  # noqa: F401  (memory's fixtures)
 from tests.pg import PostgresCluster

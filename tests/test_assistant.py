@@ -1104,3 +1104,33 @@ def test_durable_turns_are_on_unless_switched_off() -> None:
     assert AssistantConfig.from_env({"BASTION_DURABLE": "off"}).durable is False
     with pytest.raises(ConfigError, match="BASTION_DURABLE must be on or off"):
         AssistantConfig.from_env({"BASTION_DURABLE": "maybe"})
+
+
+# Hooks: the assistant's conversations reach the chat tables and its usage counter
+
+
+async def test_a_chat_is_copied_into_the_chat_tables_and_counted_once_per_run(served: Served) -> None:
+    from bastion.hooks import chat_id_of
+
+    headers = await served.sign_in("ada")
+    conversation = str(uuid.uuid4())
+    assert (await chat(served, headers, conversation, [user_message("hello")])).status_code == 200
+    admin = served.config.database_url
+    assert admin is not None
+
+    async def copied() -> list[tuple[Any, ...]]:
+        async with await psycopg.AsyncConnection.connect(admin) as conn:
+            cursor = await conn.execute(
+                "select c.agent_id, c.current_leaf_id is not null, r.status, u.runs"
+                " from bastion.ai_chats c join bastion.ai_runs r on r.chat_id = c.id"
+                " join assistant.usage u on u.owner_id = c.owner_id where c.id = %s",
+                (chat_id_of(conversation),),
+            )
+            return await cursor.fetchall()
+
+    expected = [("assistant", True, "completed", 1)]
+    for _ in range(600):
+        if await copied() == expected:
+            break
+        await asyncio.sleep(0.05)
+    assert await copied() == expected

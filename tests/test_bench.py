@@ -40,3 +40,10 @@ async def test_the_inbox_reply_benchmark_answers_every_message() -> None:
     assert lines[2].startswith("| durable:") and lines[2].endswith("| 4 |")
     assert lines[3].startswith("| direct:") and lines[3].endswith("| 4 |")
     assert lines[-1].startswith("Durable over direct")
+
+
+async def test_the_hooks_benchmark_measures_three_configurations_and_the_lag() -> None:
+    bench = load("hooks")
+    lines = await bench.run(users=2, turns=2, rounds=1)
+    assert any(line.startswith("ratio outbox/off:") for line in lines)
+    assert "over 16 events" in lines[-1]  # four persist_sessions events per turn

@@ -1,4 +1,5 @@
-"""The `bastion` command: `serve` the reference assistant, `migrate` its database, print a `token`."""
+"""The `bastion` command: `serve` the reference assistant, `migrate` its database, print a `token`, and
+show or replay its event `hooks`."""
 
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     migrate = commands.add_parser("migrate", help="apply the database migrations and exit")
     token = commands.add_parser("token", help="print a development sign-in token for USER")
     token.add_argument("user", help="a user name (letters, digits, dots, dashes, underscores)")
+    hooks = commands.add_parser("hooks", help="list the event hooks' lag and failures, or replay one")
+    hooks.add_argument(
+        "action", nargs="?", default="list", choices=("list", "failures", "replay"), help="default: list"
+    )
+    hooks.add_argument("hook", nargs="?", help="the hook to show failures of, or to replay")
+    hooks.add_argument("--from", dest="from_event", type=int, help="replay from this event id on")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1, or BASTION_HOST)")
     serve.add_argument("--port", type=int, help="port to listen on (default 8000, or BASTION_PORT)")
     migrate.add_argument(
@@ -33,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also let the role of BASTION_APP_DATABASE_URL act as users (embedded: bastion_app, created)",
     )
-    for command in (serve, migrate, token):
+    for command in (serve, migrate, token, hooks):
         command.add_argument(
             "--data-dir", type=Path, help="where local state lives (default .bastion, or BASTION_DATA_DIR)"
         )
@@ -56,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(config)
         if args.command == "migrate":
             return asyncio.run(_migrate(config, grant_app_role=args.grant_app_role))
+        if args.command == "hooks":
+            return asyncio.run(_hooks(config, args.action, args.hook, args.from_event))
         return _token(config, args.user)
     except STARTUP_ERRORS as error:
         return fail(error)
@@ -94,6 +103,39 @@ async def _migrate(config: AssistantConfig, *, grant_app_role: bool) -> int:
             )
     finally:
         database.close()
+    return 0
+
+
+async def _hooks(config: AssistantConfig, action: str, hook: str | None, from_event: int | None) -> int:
+    from psycopg_pool import AsyncConnectionPool
+
+    from bastion.assistant.database import open_database
+    from bastion.hooks.report import failures_report, replay_hook, status_report
+
+    if action == "replay" and (hook is None or from_event is None):
+        _progress("replay needs a hook and --from EVENT_ID, e.g. bastion hooks replay usage --from 120")
+        return 2
+    database = await open_database(
+        database_url=config.database_url, app_database_url=config.app_database_url, data_dir=config.data_dir
+    )
+    try:
+        async with AsyncConnectionPool(
+            database.app_conninfo, min_size=1, max_size=2, kwargs={"autocommit": True}, open=False
+        ) as pool:
+            if action == "list":
+                lines = await status_report(pool)
+            elif action == "failures":
+                lines = await failures_report(pool, hook)
+            else:
+                assert hook is not None and from_event is not None
+                try:
+                    lines = [await replay_hook(pool, hook, from_event)]
+                except LookupError as error:
+                    _progress(str(error))
+                    return 2
+    finally:
+        database.close()
+    print("\n".join(lines))
     return 0
 
 

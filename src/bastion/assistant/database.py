@@ -18,6 +18,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bastion._extras import missing_extra
 from bastion.durable import migrate_durable
+from bastion.hooks import apply_chat_table_migrations, apply_hooks_migrations
 from bastion.inbox import apply_inbox_migrations
 from bastion.memory import apply_memory_migrations
 from bastion.stores import (
@@ -103,11 +104,15 @@ async def _check_reachable(conninfo: str) -> None:
 
 
 async def migrate(database: Database, *, grant_app_role: bool = True) -> list[str]:
-    """Apply bastion's, memory's, the inbox's and the assistant's migrations, then (by default) grant
-    the app's role."""
+    """Apply bastion's, memory's, the inbox's, the hooks', the chat tables' and the assistant's
+    migrations, then (by default) grant the app's role."""
     applied = [f"bastion {version:04d}" for version in await apply_migrations(database.admin_conninfo)]
     applied += [f"memory {version:04d}" for version in await apply_memory_migrations(database.admin_conninfo)]
     applied += [f"inbox {version:04d}" for version in await apply_inbox_migrations(database.admin_conninfo)]
+    applied += [f"hooks {version:04d}" for version in await apply_hooks_migrations(database.admin_conninfo)]
+    applied += [
+        f"chat_tables {version:04d}" for version in await apply_chat_table_migrations(database.admin_conninfo)
+    ]
     notes = available_migrations("bastion.assistant", "migrations")
     applied += [
         f"assistant {version:04d}"

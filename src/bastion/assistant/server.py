@@ -19,6 +19,7 @@ from bastion.assistant.config import AssistantConfig, ConfigError, resolve_embed
 from bastion.assistant.database import Database, DatabaseError, migrate, open_database
 from bastion.assistant.demo_model import DEMO_NOTICE
 from bastion.assistant.dev_auth import DevelopmentSignIn
+from bastion.assistant.hooks import assistant_hooks
 from bastion.assistant.remote import (
     CREDENTIALS_KEY_FILE,
     UserCredentials,
@@ -29,6 +30,7 @@ from bastion.assistant.remote import (
 from bastion.assistant.support import inbox_settings
 from bastion.auth import SupabaseEnv
 from bastion.durable import DurableEngine
+from bastion.hooks import HookDelivery
 from bastion.stores import PostgresStore
 
 __all__ = ["RunningAssistant", "development_sign_in", "running_assistant", "serve", "supabase_env"]
@@ -115,9 +117,12 @@ async def running_assistant(
         store = await PostgresStore.open(database.app_conninfo, admin_conninfo=database.admin_conninfo)
         user_credentials = None
         try:
-            # One DBOS per process: the inbox's bot replies run on it, and so do the chat turns (unless
-            # BASTION_DURABLE=off), which another worker on the same database then takes over.
-            async with await DurableEngine.launch(database.app_conninfo) as engine:
+            # One DBOS per process: the inbox's bot replies and the event hooks run on it, and so do the
+            # chat turns (unless BASTION_DURABLE=off), which another worker on the database then takes over.
+            async with (
+                await DurableEngine.launch(database.app_conninfo) as engine,
+                _delivering(engine, store, database),
+            ):
                 if keys is not None:
                     user_credentials = UserCredentials(pool=store.pool, keys=keys)
                 app = AssistantApp(
@@ -145,6 +150,18 @@ async def running_assistant(
             await store.close()
     finally:
         database.close()
+
+
+@contextlib.asynccontextmanager
+async def _delivering(engine: DurableEngine, store: PostgresStore, database: Database) -> AsyncIterator[None]:
+    """The assistant's hooks (chat tables, usage) delivered from this process while it serves."""
+    delivery = await HookDelivery.start(
+        engine, store.pool, assistant_hooks(store), listen_conninfo=database.app_conninfo
+    )
+    try:
+        yield
+    finally:
+        await delivery.close()
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -1,0 +1,53 @@
+"""Event hooks: every conversation's events delivered to application subscribers from a durable
+outbox in Postgres, at least once and in order per conversation, each hook at its own position.
+
+- `define_hook`, `Hook`, `HookRegistry`, `RetryPolicy`: named subscribers to event types
+  (`EVENT_TYPES`); a handler gets a `HookEvent` whose `id` is stable across redeliveries.
+- `apply_hooks_migrations`: the outbox, written by triggers in the transaction of each change.
+- `HookDelivery`: this process's dispatcher and the hooks' DBOS queues (on `bastion.durable`).
+- `persist_sessions`: the built-in hook copying conversations into the chat tables
+  (`apply_chat_table_migrations`), with `chat_id_of` and `canonical_parts`.
+- `PostgresHookOutbox`: positions, lag, failures and replay, for operators (`bastion hooks`).
+
+Needs Postgres and the `durable` extra.
+"""
+
+from bastion.hooks.canonical import canonical_parts, chat_id_of
+from bastion.hooks.delivery import HookDelivery, delivery_workflow_id, hook_queue_name, queued_deliveries
+from bastion.hooks.events import EVENT_TYPES, HookEvent
+from bastion.hooks.outbox import (
+    EventWindow,
+    HookFailure,
+    HookStatus,
+    PostgresHookOutbox,
+    apply_chat_table_migrations,
+    apply_hooks_migrations,
+    hook_migrations,
+)
+from bastion.hooks.registry import Hook, HookHandler, HookRegistry, RetryPolicy, define_hook
+from bastion.hooks.sessions import PERSIST_SESSIONS_EVENTS, persist_sessions
+
+__all__ = [
+    "EVENT_TYPES",
+    "PERSIST_SESSIONS_EVENTS",
+    "EventWindow",
+    "Hook",
+    "HookDelivery",
+    "HookEvent",
+    "HookFailure",
+    "HookHandler",
+    "HookRegistry",
+    "HookStatus",
+    "PostgresHookOutbox",
+    "RetryPolicy",
+    "apply_chat_table_migrations",
+    "apply_hooks_migrations",
+    "canonical_parts",
+    "chat_id_of",
+    "define_hook",
+    "delivery_workflow_id",
+    "hook_migrations",
+    "hook_queue_name",
+    "persist_sessions",
+    "queued_deliveries",
+]

@@ -1,0 +1,306 @@
+"""Delivery of the outbox to hooks on DBOS queues, so a dead worker's deliveries are finished by a live one.
+
+Each process runs a dispatcher: woken by the outbox's notifications (channel `bastion_hooks`) and
+polling slowly as well, it takes each hook's next events and enqueues, per conversation among
+them, one workflow delivering those events in order, with the id
+`bastion.hook:{hook}:{first event id}-{last event id}` (zero-padded, so ids sort in event order; a
+replay adds `:r{generation}`), then moves the hook's position. Enqueuing an id again is a no-op, so
+a dispatcher that dies between the enqueue and the move loses nothing: the next one enqueues the
+same batch again, or (if more events arrived meanwhile) a longer one, whose events already handed
+over are delivered a second time — at least once, as always. One workflow per batch rather than per
+event keeps a busy conversation's deliveries from queueing behind one another.
+
+Each hook has a queue of its own (`bastion.hooks.{hook}`), partitioned by conversation with one
+delivery at a time per partition: a hook sees a conversation's events in order, and a slow or
+broken hook holds up only its own deliveries, never a turn (turns only write the outbox) nor
+another hook. A delivery calls the hook in one step per attempt, waiting with a durable sleep
+between attempts (the hook's `RetryPolicy`); every failed attempt is recorded for the operator,
+and after the last one the delivery gives up on that event and goes on (`replay` delivers it
+again). A step calls the hook with the batch's events in order until one fails, so a healthy
+batch costs one step.
+
+DBOS records a step's outcome after it returns, so a worker killed after the hook acted and before
+that record makes the next worker call the hook again with the step's events: delivery is at least
+once, and a hook keyed by `HookEvent.id` acts once in effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any, Final, TypeAlias, TypeVar
+
+import psycopg
+from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool
+
+from bastion.durable import DurableEngine
+from bastion.hooks.outbox import PostgresHookOutbox
+from bastion.hooks.registry import Hook, HookRegistry
+
+__all__ = ["CHANNEL", "HookDelivery", "delivery_workflow_id", "hook_queue_name", "queued_deliveries"]
+
+logger = logging.getLogger("bastion.hooks")
+
+Pool: TypeAlias = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
+
+T = TypeVar("T")
+
+CHANNEL: Final = "bastion_hooks"
+_BEHIND_RETRY: Final = 0.02
+_active: HookDelivery | None = None
+
+
+def hook_queue_name(hook: str) -> str:
+    return f"bastion.hooks.{hook}"
+
+
+def delivery_workflow_id(hook: str, first_event_id: int, last_event_id: int, generation: int = 0) -> str:
+    base = f"bastion.hook:{hook}:{first_event_id:019d}-{last_event_id:019d}"
+    return base if generation == 0 else f"{base}:r{generation}"
+
+
+def _delivery() -> HookDelivery:
+    if _active is None:
+        raise RuntimeError("No hook delivery runs in this process.")
+    return _active
+
+
+@DBOS.step(name="bastion.hooks.attempt")
+async def _attempt(hook: str, event_ids: list[int], generation: int, attempt: int) -> tuple[int, str | None]:
+    """Call the hook with each event in order until one fails (the first on its `attempt`th try, the
+    others on their first); returns how many succeeded and the error of the one that failed."""
+    delivery = _delivery()
+    return await delivery.on_own_loop(delivery.attempt(hook, event_ids, generation, attempt))
+
+
+@DBOS.workflow(name="bastion.hooks.deliver")
+async def _deliver(hook: str, event_ids: list[int], generation: int) -> int:
+    """Deliver one conversation's events to `hook` in order, a failing one retried by the hook's policy
+    before the next; returns how many were given up."""
+    policy = _delivery().hook(hook).retry
+    remaining, attempt, given_up = list(event_ids), 1, 0
+    while remaining:
+        done, error = await _attempt(hook, remaining, generation, attempt)
+        if done:
+            attempt = 1
+        remaining = remaining[done:]
+        if error is None:
+            break
+        if attempt >= policy.max_attempts:
+            remaining, attempt, given_up = remaining[1:], 1, given_up + 1
+            continue
+        await DBOS.sleep_async(policy.delay(attempt))
+        attempt += 1
+    return given_up
+
+
+class HookDelivery:
+    """This process's delivery of the outbox to `hooks`: a dispatcher plus the hooks' DBOS queues.
+
+    Start it with `await HookDelivery.start(engine, pool, hooks, listen_conninfo=...)` after the
+    engine launched; one per process (DBOS is one per process). `pool` connects as the application's
+    role; `listen_conninfo` is a direct (session) connection for notifications.
+    """
+
+    def __init__(
+        self,
+        engine: DurableEngine,
+        pool: Pool,
+        hooks: HookRegistry,
+        *,
+        listen_conninfo: str,
+        poll_interval: float = 1.0,
+        batch_size: int = 200,
+    ) -> None:
+        self.engine = engine
+        self.outbox: Final = PostgresHookOutbox(pool)
+        self.hooks: Final = hooks
+        self._listen_conninfo = listen_conninfo
+        self._poll = poll_interval
+        self._batch = batch_size
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop = asyncio.get_running_loop()
+        self._behind = False
+        self._gather = 0.0
+
+    @classmethod
+    async def start(
+        cls,
+        engine: DurableEngine,
+        pool: Pool,
+        hooks: HookRegistry,
+        *,
+        listen_conninfo: str,
+        poll_interval: float = 1.0,
+        batch_size: int = 200,
+        queue_polling_interval: float = 0.1,
+        gather_delay: float = 0.05,
+    ) -> HookDelivery:
+        """Register the hooks and their queues (each polled every `queue_polling_interval` seconds, the
+        wait between two deliveries of one conversation), then dispatch until `close`. A wake-up waits
+        `gather_delay` seconds before dispatching, so a busy outbox is handed over in fewer, larger
+        batches (each delivery workflow costs DBOS a few transactions)."""
+        global _active
+        if _active is not None:
+            raise RuntimeError("Hook delivery already runs in this process.")
+        delivery = cls(
+            engine,
+            pool,
+            hooks,
+            listen_conninfo=listen_conninfo,
+            poll_interval=poll_interval,
+            batch_size=batch_size,
+        )
+        delivery._gather = gather_delay
+        await delivery.outbox.register(hooks)
+        for hook in hooks:
+            await engine.register_queue(
+                hook_queue_name(hook.name),
+                partition_concurrency=1,
+                polling_interval_sec=queue_polling_interval,
+            )
+        _active = delivery
+        delivery._tasks = [
+            asyncio.ensure_future(delivery._listen()),
+            asyncio.ensure_future(delivery._dispatch_forever()),
+        ]
+        return delivery
+
+    def hook(self, name: str) -> Hook:
+        hook = self.hooks.get(name)
+        if hook is None:
+            raise LookupError(f"No hook named {name!r} is registered in this process.")
+        return hook
+
+    async def on_own_loop(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run `work` on the loop that started delivery, where the application's pool and clients live:
+        DBOS may run a dequeued workflow on a loop of its own."""
+        if asyncio.get_running_loop() is self._loop:
+            return await work
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def dispatch(self) -> int:
+        """Hand every hook's next events to its queue; returns how many workflows were enqueued."""
+        enqueued = 0
+        self._behind = False
+        for hook in self.hooks:
+            async with self.outbox.window(hook.name, limit=self._batch) as taken:
+                if taken is None:
+                    continue
+                conn, window = taken
+                batches: dict[str, list[int]] = {}
+                for event in window.events:
+                    batches.setdefault(event.conversation_id, []).append(event.id)
+                for conversation, event_ids in batches.items():
+                    await self._enqueue(hook, conversation, event_ids, window.generation)
+                    enqueued += 1
+                if window.position is not None:
+                    await self.outbox.advance(conn, hook.name, window.position)
+                if window.full:
+                    self._wake.set()
+                self._behind = self._behind or window.behind
+        return enqueued
+
+    async def _enqueue(self, hook: Hook, conversation: str, event_ids: list[int], generation: int) -> None:
+        with (
+            SetWorkflowID(delivery_workflow_id(hook.name, event_ids[0], event_ids[-1], generation)),
+            SetEnqueueOptions(queue_partition_key=conversation),
+        ):
+            await DBOS.enqueue_workflow_async(
+                hook_queue_name(hook.name), _deliver, hook.name, event_ids, generation
+            )
+
+    async def attempt(
+        self, hook_name: str, event_ids: list[int], generation: int, attempt: int
+    ) -> tuple[int, str | None]:
+        hook = self.hook(hook_name)
+        events = await self.outbox.events(event_ids)
+        for index, event_id in enumerate(event_ids):
+            tries = attempt if index == 0 else 1
+            event = events.get(event_id)
+            if event is None:
+                continue  # no longer in the outbox: nothing to deliver
+            try:
+                await asyncio.wait_for(hook.handle(event), hook.timeout)
+            except Exception as error:
+                text = f"{type(error).__name__}: {error}"
+                gave_up = tries >= hook.retry.max_attempts
+                logger.warning(
+                    "Hook %s failed on event %s (attempt %s%s).",
+                    hook_name,
+                    event_id,
+                    tries,
+                    ", giving up" if gave_up else "",
+                    exc_info=True,
+                )
+                await self.outbox.record_failure(
+                    event, hook_name, generation, attempt=tries, error=text, gave_up=gave_up
+                )
+                return index, text
+            if tries > 1:
+                await self.outbox.record_delivered(hook_name, event_id, generation)
+        return len(event_ids), None
+
+    async def _dispatch_forever(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.dispatch()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("Dispatching hook events failed; trying again.", exc_info=True)
+            # Committed events behind a transaction still running: look again soon, as that
+            # transaction's end may notify nobody.
+            wait = _BEHIND_RETRY if self._behind else self._poll
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+            if self._gather:
+                await asyncio.sleep(self._gather)
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._listen_conninfo, autocommit=True
+                ) as conn:
+                    await conn.execute(f"listen {CHANNEL}")
+                    self._wake.set()
+                    async for _ in conn.notifies():
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("Listening for hook events failed; reconnecting.", exc_info=True)
+                await asyncio.sleep(self._poll)
+
+    async def close(self) -> None:
+        global _active
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if _active is self:
+            _active = None
+
+
+async def queued_deliveries(pool: Pool) -> dict[str, int]:
+    """Deliveries enqueued or running (handed to DBOS, not finished), per hook."""
+    async with pool.connection() as conn:
+        cursor = await conn.execute(
+            "select queue_name, count(*) from dbos.workflow_status"
+            " where queue_name like 'bastion.hooks.%%' and status in ('ENQUEUED', 'PENDING')"
+            " group by queue_name"
+        )
+        rows = await cursor.fetchall()
+    return {name.removeprefix("bastion.hooks."): count for name, count in rows}

@@ -1,0 +1,340 @@
+"""The outbox in Postgres, as the application's role sees it: hooks' subscriptions and positions, the
+next events each hook has not yet handed to delivery, failures, and what an operator asks.
+
+Positions are (transaction id, event id) pairs: a window takes only events of transactions older
+than every transaction still running, in that order, so no event can commit behind a position (see
+the hooks migration). Operators name events by id; `replay` turns an id into a position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, TypeAlias
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool
+
+from bastion.hooks.events import HookEvent
+from bastion.hooks.registry import Hook
+from bastion.stores import Migration, apply_application_migrations, available_migrations
+
+__all__ = [
+    "EventWindow",
+    "HookFailure",
+    "HookStatus",
+    "PostgresHookOutbox",
+    "apply_chat_table_migrations",
+    "apply_hooks_migrations",
+    "hook_migrations",
+]
+
+Connection: TypeAlias = psycopg.AsyncConnection[TupleRow]
+Pool: TypeAlias = AsyncConnectionPool[Connection]
+
+_EVENT_COLUMNS: Final = (
+    "e.id, e.type, e.conversation_id::text, e.run_id::text, e.owner_id::text, e.tenant_id, e.signed_in, "
+    "e.data, e.run_event_id, e.created_at"
+)
+
+_REGISTER: Final = """
+insert into bastion.hook_subscriptions (hook, events, position_tx, position_id)
+select %(hook)s, %(events)s,
+       case when %(latest)s then pg_snapshot_xmin(pg_current_snapshot()) else '0'::xid8 end, 0
+on conflict (hook) do update set events = excluded.events, updated_at = now()
+ where bastion.hook_subscriptions.events is distinct from excluded.events
+"""
+
+_LOCK: Final = """
+select events, position_tx::text, position_id, generation from bastion.hook_subscriptions
+ where hook = %s
+   for update skip locked
+"""
+
+# The next events after the position whose transactions are over, in (tx, id) order. The position
+# moves to the last one scanned, whether the hook takes it or not.
+_SCAN: Final = """
+select e.tx::text, e.id, e.type from bastion.hook_events e
+ where (e.tx, e.id) > (%(tx)s::xid8, %(id)s::bigint)
+   and e.tx < pg_snapshot_xmin(pg_current_snapshot())
+ order by e.tx, e.id
+ limit %(limit)s
+"""
+
+
+_BEHIND: Final = """
+select exists (
+  select 1 from bastion.hook_events e
+   where (e.tx, e.id) > (%(tx)s::xid8, %(id)s::bigint) and e.tx >= pg_snapshot_xmin(pg_current_snapshot())
+)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class EventWindow:
+    """Events a hook takes next, and the position after everything scanned (`None`: nothing new);
+    `full` when the scan hit its limit, so more may be waiting; `behind` when events past the position
+    wait for an older transaction still running (they become readable when it ends)."""
+
+    hook: str
+    generation: int
+    events: list[HookEvent]
+    position: tuple[str, int] | None
+    full: bool
+    behind: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HookFailure:
+    hook: str
+    event_id: int
+    generation: int
+    conversation_id: str
+    attempts: int
+    error: str
+    last_failed_at: datetime
+    gave_up: bool
+    delivered: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HookStatus:
+    """One hook as an operator sees it: events not yet handed to delivery (`undispatched`, and when
+    the oldest was written), deliveries retrying, and deliveries given up."""
+
+    hook: str
+    events: tuple[str, ...]
+    position_event_id: int
+    generation: int
+    undispatched: int
+    oldest_undispatched_at: datetime | None
+    retrying: int
+    given_up: int
+
+
+def hook_migrations() -> list[Migration]:
+    return _migrations("migrations")
+
+
+async def apply_hooks_migrations(conninfo: str) -> list[int]:
+    """Apply the outbox's migrations (component `hooks`), after bastion's own (`apply_migrations`)."""
+    return await apply_application_migrations(conninfo, component="hooks", migrations=hook_migrations())
+
+
+async def apply_chat_table_migrations(conninfo: str) -> list[int]:
+    """Apply the chat tables `persist_sessions` writes (component `chat_tables`)."""
+    return await apply_application_migrations(
+        conninfo, component="chat_tables", migrations=_migrations("chat_migrations")
+    )
+
+
+def _migrations(directory: str) -> list[Migration]:
+    return available_migrations("bastion.hooks", directory)
+
+
+class PostgresHookOutbox:
+    """The outbox over a pool connected as the application's role (a member of `bastion_runtime`)."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[Connection]:
+        async with self._pool.connection() as conn:
+            if not conn.autocommit:
+                await conn.set_autocommit(True)
+            async with conn.transaction():
+                yield conn
+
+    async def register(self, hooks: Iterable[Hook]) -> None:
+        """Record each hook and its event types; a new hook starts where its `start` says."""
+        async with self._transaction() as conn:
+            for hook in hooks:
+                await conn.execute(
+                    _REGISTER,
+                    {"hook": hook.name, "events": sorted(hook.events), "latest": hook.start == "latest"},
+                )
+
+    @asynccontextmanager
+    async def window(
+        self, hook: str, *, limit: int = 200
+    ) -> AsyncIterator[tuple[Connection, EventWindow] | None]:
+        """Lock `hook`'s position and yield its next events (None when another process holds it or
+        the hook is unknown); the caller hands them to delivery, then `advance`s on the same
+        connection before the block ends, so the position moves only past what was handed over."""
+        async with self._transaction() as conn:
+            row = await (await conn.execute(_LOCK, (hook,))).fetchone()
+            if row is None:
+                yield None
+                return
+            events, tx, event_id, generation = row
+            params = {"tx": tx, "id": event_id, "limit": limit}
+            scanned = await (await conn.execute(_SCAN, params)).fetchall()
+            taken = [scanned_id for _, scanned_id, kind in scanned if kind in events]
+            found: list[HookEvent] = []
+            if taken:
+                cursor = await conn.execute(
+                    f"select {_EVENT_COLUMNS} from bastion.hook_events e where e.id = any(%s)"
+                    " order by e.tx, e.id",
+                    (taken,),
+                )
+                found = [_event(r) for r in await cursor.fetchall()]
+            position = (scanned[-1][0], scanned[-1][1]) if scanned else None
+            full = len(scanned) >= limit
+            behind = False
+            if not full:
+                last = position or (tx, event_id)
+                behind = bool(
+                    (
+                        await (await conn.execute(_BEHIND, {"tx": last[0], "id": last[1]})).fetchone()
+                        or (False,)
+                    )[0]
+                )
+            yield conn, EventWindow(hook, generation, found, position, full, behind)
+
+    async def advance(self, conn: Connection, hook: str, position: tuple[str, int]) -> None:
+        await conn.execute(
+            "update bastion.hook_subscriptions set position_tx = %s::xid8, position_id = %s,"
+            " updated_at = now() where hook = %s",
+            (position[0], position[1], hook),
+        )
+
+    async def events(self, event_ids: list[int]) -> dict[int, HookEvent]:
+        """The events of these ids that the outbox still holds."""
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(
+                f"select {_EVENT_COLUMNS} from bastion.hook_events e where e.id = any(%s)", (event_ids,)
+            )
+            rows = await cursor.fetchall()
+        return {row[0]: _event(row) for row in rows}
+
+    async def record_failure(
+        self, event: HookEvent, hook: str, generation: int, *, attempt: int, error: str, gave_up: bool
+    ) -> None:
+        """Record failed attempt `attempt` (idempotent: a repeated record keeps the highest attempt)."""
+        async with self._transaction() as conn:
+            await conn.execute(
+                """
+                insert into bastion.hook_failures
+                  (hook, event_id, generation, conversation_id, attempts, error, gave_up_at)
+                values (%s, %s, %s, %s, %s, %s, case when %s then now() end)
+                on conflict (hook, event_id, generation) do update
+                   set attempts = greatest(bastion.hook_failures.attempts, excluded.attempts),
+                       error = excluded.error, last_failed_at = now(),
+                       gave_up_at = coalesce(bastion.hook_failures.gave_up_at, excluded.gave_up_at)
+                """,
+                (hook, event.id, generation, event.conversation_id, attempt, error[:1000], gave_up),
+            )
+
+    async def record_delivered(self, hook: str, event_id: int, generation: int) -> None:
+        """A delivery that failed before succeeded at last."""
+        async with self._transaction() as conn:
+            await conn.execute(
+                "update bastion.hook_failures set delivered_at = coalesce(delivered_at, now()) "
+                "where hook = %s and event_id = %s and generation = %s",
+                (hook, event_id, generation),
+            )
+
+    async def failures(self, hook: str | None = None, *, limit: int = 100) -> list[HookFailure]:
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(
+                """
+                select hook, event_id, generation, conversation_id::text, attempts, error, last_failed_at,
+                       gave_up_at is not null, delivered_at is not null
+                  from bastion.hook_failures
+                 where %(hook)s::text is null or hook = %(hook)s
+                 order by last_failed_at desc
+                 limit %(limit)s
+                """,
+                {"hook": hook, "limit": limit},
+            )
+            rows = await cursor.fetchall()
+        return [
+            HookFailure(
+                hook=r[0],
+                event_id=r[1],
+                generation=r[2],
+                conversation_id=r[3],
+                attempts=r[4],
+                error=r[5],
+                last_failed_at=r[6],
+                gave_up=r[7],
+                delivered=r[8],
+            )
+            for r in rows
+        ]
+
+    async def status(self) -> list[HookStatus]:
+        """Every registered hook's position, lag and failures."""
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(
+                """
+                select s.hook, s.events, s.position_id, s.generation,
+                       (select count(*) from bastion.hook_events e
+                         where (e.tx, e.id) > (s.position_tx, s.position_id) and e.type = any(s.events)),
+                       (select min(e.created_at) from bastion.hook_events e
+                         where (e.tx, e.id) > (s.position_tx, s.position_id) and e.type = any(s.events)),
+                       (select count(*) from bastion.hook_failures f
+                         where f.hook = s.hook and f.gave_up_at is null and f.delivered_at is null),
+                       (select count(*) from bastion.hook_failures f
+                         where f.hook = s.hook and f.gave_up_at is not null and f.delivered_at is null)
+                  from bastion.hook_subscriptions s
+                 order by s.hook
+                """
+            )
+            rows = await cursor.fetchall()
+        return [
+            HookStatus(
+                hook=r[0],
+                events=tuple(r[1]),
+                position_event_id=r[2],
+                generation=r[3],
+                undispatched=r[4],
+                oldest_undispatched_at=r[5],
+                retrying=r[6],
+                given_up=r[7],
+            )
+            for r in rows
+        ]
+
+    async def replay(self, hook: str, from_event_id: int) -> int:
+        """Deliver `hook` again from event `from_event_id` on (in delivery order), as a new generation so
+        every event is delivered afresh; returns that generation. Unknown hook or event: LookupError."""
+        async with self._transaction() as conn:
+            event = await (
+                await conn.execute("select tx::text from bastion.hook_events where id = %s", (from_event_id,))
+            ).fetchone()
+            if event is None:
+                raise LookupError(f"There is no event {from_event_id} in the outbox.")
+            cursor = await conn.execute(
+                """
+                update bastion.hook_subscriptions
+                   set position_tx = %s::xid8, position_id = %s, generation = generation + 1,
+                       updated_at = now()
+                 where hook = %s
+                returning generation
+                """,
+                (event[0], from_event_id - 1, hook),
+            )
+            row = await cursor.fetchone()
+            if row is None:
+                raise LookupError(f"There is no hook named {hook!r}.")
+            return int(row[0])
+
+
+def _event(row: Sequence[Any]) -> HookEvent:
+    return HookEvent(
+        id=row[0],
+        type=row[1],
+        conversation_id=row[2],
+        run_id=row[3],
+        user_id=row[4],
+        tenant_id=row[5],
+        signed_in=row[6],
+        data=row[7],
+        run_event_id=row[8],
+        created_at=row[9],
+    )

@@ -1,0 +1,101 @@
+"""Hooks the delivery tests run, in the test process and in worker processes the tests kill.
+
+Each records every call in `public.hook_calls` (so a redelivery shows) and its effect once per event
+in `public.hook_effects` (keyed by the event id, as a real hook keys its writes):
+- `recorder` takes every event type; while `public.hook_hold` names an event type, it stops after
+  recording the effect of such an event and before returning, as a worker about to die would.
+- `flaky` fails its first three calls of every event.
+- `broken` always fails, and waits long between attempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import psycopg
+
+from bastion.hooks import EVENT_TYPES, Hook, HookEvent, HookRegistry, RetryPolicy, define_hook
+
+TABLES = """
+create table if not exists public.hook_calls (
+  hook text not null, event_id bigint not null, type text not null, conversation_id uuid not null,
+  executor text not null, at timestamptz not null default clock_timestamp()
+);
+create table if not exists public.hook_effects (
+  hook text not null, event_id bigint not null, type text not null, conversation_id uuid not null,
+  seq bigint generated always as identity, primary key (hook, event_id)
+);
+create table if not exists public.hook_hold (type text primary key);
+grant select, insert on public.hook_calls, public.hook_effects to bastion_app;
+grant select on public.hook_hold to bastion_app;
+"""
+
+FAST: RetryPolicy = RetryPolicy(max_attempts=5, first_delay=0.01, backoff_rate=2.0, max_delay=0.05)
+
+
+def _dsn() -> str:
+    return os.environ["BASTION_TEST_HOOKS_DSN"]
+
+
+async def _call(conn: psycopg.AsyncConnection[Any], hook: str, event: HookEvent) -> int:
+    await conn.execute(
+        "insert into public.hook_calls (hook, event_id, type, conversation_id, executor)"
+        " values (%s, %s, %s, %s, %s)",
+        (hook, event.id, event.type, event.conversation_id, os.environ.get("BASTION_EXECUTOR_ID", "test")),
+    )
+    cursor = await conn.execute(
+        "select count(*) from public.hook_calls where hook = %s and event_id = %s", (hook, event.id)
+    )
+    row = await cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _effect(conn: psycopg.AsyncConnection[Any], hook: str, event: HookEvent) -> None:
+    await conn.execute(
+        "insert into public.hook_effects (hook, event_id, type, conversation_id) values (%s, %s, %s, %s)"
+        " on conflict do nothing",
+        (hook, event.id, event.type, event.conversation_id),
+    )
+
+
+async def recorder(event: HookEvent) -> None:
+    async with await psycopg.AsyncConnection.connect(_dsn(), autocommit=True) as conn:
+        await _call(conn, "recorder", event)
+        await _effect(conn, "recorder", event)
+        while True:
+            cursor = await conn.execute("select 1 from public.hook_hold where type = %s", (event.type,))
+            if await cursor.fetchone() is None:
+                return
+            await asyncio.sleep(0.05)
+
+
+async def flaky(event: HookEvent) -> None:
+    async with await psycopg.AsyncConnection.connect(_dsn(), autocommit=True) as conn:
+        if await _call(conn, "flaky", event) <= 3:
+            raise RuntimeError("flaky fails its first three calls")
+        await _effect(conn, "flaky", event)
+
+
+async def broken(event: HookEvent) -> None:
+    async with await psycopg.AsyncConnection.connect(_dsn(), autocommit=True) as conn:
+        await _call(conn, "broken", event)
+    raise RuntimeError("broken always fails")
+
+
+HOOKS: dict[str, Hook] = {
+    "recorder": define_hook("recorder", events=EVENT_TYPES, handle=recorder, retry=FAST, start="earliest"),
+    "flaky": define_hook("flaky", events=EVENT_TYPES, handle=flaky, retry=FAST, start="earliest"),
+    "broken": define_hook(
+        "broken",
+        events=EVENT_TYPES,
+        handle=broken,
+        retry=RetryPolicy(max_attempts=3, first_delay=30, max_delay=30),
+        start="earliest",
+    ),
+}
+
+
+def registry(*names: str) -> HookRegistry:
+    return HookRegistry(HOOKS[name] for name in names)
