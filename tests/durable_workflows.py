@@ -55,3 +55,9 @@ async def wait_for_release(key: str) -> str:
 @DBOS.workflow(name="tests.durable.counted")
 async def counted(key: str) -> list[str]:
     return [await first(key), await wait_for_release(key)]
+
+
+@DBOS.workflow(name="tests.durable.which_loop")
+async def which_loop() -> int:
+    """The id of the event loop the workflow runs on."""
+    return id(asyncio.get_running_loop())

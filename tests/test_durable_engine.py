@@ -160,3 +160,13 @@ def test_connection_strings_become_dbos_urls() -> None:
     url = system_database_url("host=/run/pg port=5433 user=app password=s3 dbname=main")
     assert url.startswith("postgresql+psycopg://app:s3@/main?")
     assert "host=%2Frun%2Fpg" in url and "port=5433" in url
+
+
+async def test_a_dequeued_workflow_runs_on_the_loop_that_launched_the_engine(
+    durable_engine: DurableEngine,
+) -> None:
+    """Queued and recovered workflows use the application's pools and clients, which belong to its loop."""
+    name = f"q-{uuid.uuid4().hex[:8]}"
+    await durable_engine.register_queue(name)
+    handle = await DBOS.enqueue_workflow_async(name, durable_workflows.which_loop)
+    assert await asyncio.wait_for(handle.get_result(), 30) == id(asyncio.get_running_loop())

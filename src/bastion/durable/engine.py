@@ -130,7 +130,9 @@ class DurableEngine:
         try:
             if not await _try_lock(liveness, executor):
                 raise DurableEngineError(f"The executor id {executor!r} is held by a live process.")
-            await _blocking(_launch_dbos, conninfo, executor, application_name, pool_size)
+            # Launched on this loop's thread, so DBOS runs the workflows it dequeues (recovered turns,
+            # queued jobs) on this loop, where the application's pools and clients live.
+            _launch_dbos(conninfo, executor, application_name, pool_size)
         except BaseException:
             await liveness.close()
             raise
