@@ -257,9 +257,11 @@ async def test_a_durable_turn_streams_in_its_workflow_can_be_stopped_and_is_prun
             )
         with psycopg.connect(migrated_database.admin_dsn) as conn:
             kept = conn.execute(
-                "select count(*) from bastion.run_chunks where run_id = %s", (run_id,)
+                "select count(*), count(*) filter (where reset) from bastion.run_chunks where run_id = %s",
+                (run_id,),
             ).fetchone()
-        assert kept and kept[0] > 0
+        # A first execution has no earlier attempt to supersede: its log holds no reset.
+        assert kept and kept[0] > 0 and kept[1] == 0
         assert (await prune_finished_turns(store, older_than=timedelta(days=1)))[0] == 0
         deleted, rows = await prune_finished_turns(store, older_than=timedelta(0))
         assert deleted >= 2 and rows >= 2

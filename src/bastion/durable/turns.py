@@ -184,7 +184,9 @@ class DurableTurns:
             return "superseded"
         start = RunStart(messages=workflow_input["messages"], state=state, operation_scope=turn.run_id)
         run = AgentRun(persistence=persistence, context=context, start=start)
-        hooks = _TurnHooks(persistence, context, run, message_id=workflow_input["message_id"])
+        hooks = _TurnHooks(
+            persistence, context, run, message_id=workflow_input["message_id"], taken_over=True
+        )
         response = await self.endpoint.open_turn(turn, run, durable=hooks)
         await response.run_detached()
         return "taken_over"
@@ -232,10 +234,14 @@ class _TurnHooks:
         run: AgentRun[Any, Any],
         *,
         message_id: str | None = None,
+        taken_over: bool = False,
     ) -> None:
         self._persistence = persistence
         self._context = context
         self._run = run
+        # Only a taken-over execution has an earlier attempt in the log to supersede; the first one
+        # writes no reset (each would cost the log a write of its own).
+        self._taken_over = taken_over
         run_id: str = run.state.run_id
         self.message_id = message_id or uuid.uuid5(_IDS, run_id).hex
         self.runner: TurnRunner | None = None
@@ -247,7 +253,7 @@ class _TurnHooks:
 
     def _new_attempt(self) -> None:
         """What follows is produced afresh: it supersedes whatever an earlier attempt logged from here."""
-        if self._log is not None:
+        if self._log is not None and self._taken_over:
             self._log.reset()
 
     async def _record_results(self) -> None:
