@@ -329,14 +329,16 @@ async def measure(rounds: int, turns: int, takeovers: int) -> str:
     jwks_path.write_text(json.dumps(project.jwks))
     token = project.token
     urls = {mode: postgres.create_database(f"durable_bench_{mode}") for mode in MODES}
-    servers = {mode: Server(mode, urls[mode], str(jwks_path), workdir, mode) for mode in MODES}
+    servers: dict[str, Server] = {}
     rates: dict[tuple[str, int], list[float]] = {}
     firsts: dict[str, list[float]] = {mode: [] for mode in MODES}
     loops: dict[str, list[float]] = {mode: [] for mode in MODES}
     per_turn: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
     try:
-        for server in servers.values():
-            await server.ready()
+        for mode in MODES:
+            # One after the other: the roles the migrations create are shared by the cluster's databases.
+            servers[mode] = Server(mode, urls[mode], str(jwks_path), workdir, mode)
+            await servers[mode].ready()
         for mode in MODES:  # warm-up
             for _ in range(5):
                 await chat_turn(servers[mode].port, token, 20)
