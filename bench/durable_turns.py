@@ -81,7 +81,8 @@ async def _script(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterato
     for index in range(words):
         if pause:
             await asyncio.sleep(pause)
-        yield f"w{index} "
+        # The process that streams a word names itself, so a reader tells a taken-over attempt apart.
+        yield f"w{index}.{os.getpid()} "
 
 
 async def serve(mode: str, port: int, admin_url: str, jwks_path: str) -> None:
@@ -292,25 +293,22 @@ async def takeover(
             victim.process.send_signal(signal.SIGKILL)
             killed = time.perf_counter()
             victim.stop()
+            survivor_pid = f".{survivor.process.pid} "
             resumed: float | None = None
-            while True:
-                got_more = False
-                finished = False
-                async for _, chunk in stream(survivor.port, token, "GET", f"/api/chat/{chat_id}/stream"):
+            finished = False
+            path = f"/api/chat/{chat_id}/stream?resetStep=1"
+            while not finished:
+                async for _, chunk in stream(survivor.port, token, "GET", path):
                     if chunk is None:
                         continue
-                    if chunk["type"] == "text-delta":
-                        seen = int(chunk["delta"].strip()[1:])
-                        if seen >= deltas and resumed is None:
-                            resumed = time.perf_counter() - killed
-                            got_more = True
-                    finished = chunk["type"] == "finish" or finished
-                if finished and resumed is not None:
-                    break
+                    if chunk["type"] == "text-delta" and chunk["delta"].endswith(survivor_pid):
+                        resumed = resumed or time.perf_counter() - killed
+                    finished = finished or (chunk["type"] == "finish" and resumed is not None)
                 if time.perf_counter() - killed > 60:
                     raise RuntimeError(f"no take-over within 60 s: {survivor.output()}")
-                if not got_more:
+                if not finished:
                     await asyncio.sleep(0.05)
+            assert resumed is not None
             times.append((resumed, time.perf_counter() - killed))
     finally:
         survivor.stop()
