@@ -293,7 +293,8 @@ async def takeover(
             victim.process.send_signal(signal.SIGKILL)
             killed = time.perf_counter()
             victim.stop()
-            survivor_pid = f".{survivor.process.pid} "
+            # Any live worker of the database may take it over; the victim's words name its process.
+            victim_mark = f".{victim.process.pid} "
             resumed: float | None = None
             finished = False
             path = f"/api/chat/{chat_id}/stream?resetStep=1"
@@ -301,7 +302,7 @@ async def takeover(
                 async for _, chunk in stream(survivor.port, token, "GET", path):
                     if chunk is None:
                         continue
-                    if chunk["type"] == "text-delta" and chunk["delta"].endswith(survivor_pid):
+                    if chunk["type"] == "text-delta" and not chunk["delta"].endswith(victim_mark):
                         resumed = resumed or time.perf_counter() - killed
                     finished = finished or (chunk["type"] == "finish" and resumed is not None)
                 if time.perf_counter() - killed > 60:
