@@ -52,8 +52,8 @@ DEFAULT_RECOVERY_INTERVAL: Final = 1.0
 DEFAULT_QUEUE_POLLING_INTERVAL: Final = 0.1
 _LOCK_PREFIX: Final = "bastion.executor:"
 _EXECUTOR_ID_ENV: Final = "BASTION_EXECUTOR_ID"
-# DBOS's own calls (launch, destroy, recovery) block; they run here, not on the loop's default executor,
-# which DBOS replaces with its own while launched and shuts down with itself.
+# DBOS's blocking calls (migrate, destroy, recovery) run here, not on the loop's default executor, which
+# DBOS replaces with its own while launched and shuts down with itself.
 _BLOCKING: Final = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bastion-durable")
 
 

@@ -29,8 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
-from typing import Any, Final, TypeAlias, TypeVar
+from typing import Final, TypeAlias
 
 import psycopg
 from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
@@ -47,7 +46,6 @@ logger = logging.getLogger("bastion.hooks")
 
 Pool: TypeAlias = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
-T = TypeVar("T")
 
 CHANNEL: Final = "bastion_hooks"
 _BEHIND_RETRY: Final = 0.02
@@ -74,7 +72,7 @@ async def _attempt(hook: str, event_ids: list[int], generation: int, attempt: in
     """Call the hook with each event in order until one fails (the first on its `attempt`th try, the
     others on their first); returns how many succeeded and the error of the one that failed."""
     delivery = _delivery()
-    return await delivery.on_own_loop(delivery.attempt(hook, event_ids, generation, attempt))
+    return await delivery.attempt(hook, event_ids, generation, attempt)
 
 
 @DBOS.workflow(name="bastion.hooks.deliver")
@@ -124,7 +122,6 @@ class HookDelivery:
         self._batch = batch_size
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._loop = asyncio.get_running_loop()
         self._behind = False
         self._gather = 0.0
 
@@ -176,13 +173,6 @@ class HookDelivery:
         if hook is None:
             raise LookupError(f"No hook named {name!r} is registered in this process.")
         return hook
-
-    async def on_own_loop(self, work: Coroutine[Any, Any, T]) -> T:
-        """Run `work` on the loop that started delivery, where the application's pool and clients live:
-        DBOS may run a dequeued workflow on a loop of its own."""
-        if asyncio.get_running_loop() is self._loop:
-            return await work
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
 
     def wake(self) -> None:
         self._wake.set()

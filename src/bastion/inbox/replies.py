@@ -16,18 +16,15 @@ a human or changed mode since the message), run the agent as the contact, post t
 user's authorization) posts nothing and hands the conversation to staff with the reason, so the contact
 is never left waiting on a bot that cannot answer.
 
-DBOS runs queued workflows on an event loop of its own; each step's work is handed to the loop that
-started `InboxReplies` (where the application's pool, model clients and connections live) and awaited
-from DBOS's.
+The jobs run on the loop that launched the `DurableEngine`, where the application's pool, model clients
+and connections live.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections.abc import Coroutine
-from typing import Any, Final, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Literal, TypeAlias
 
 from bastion._extras import missing_extra
 
@@ -50,7 +47,6 @@ __all__ = ["REPLY_QUEUE", "REPLY_WORKFLOW", "InboxReplies", "JobOutcome", "reply
 
 logger = logging.getLogger("bastion.inbox")
 
-T = TypeVar("T")
 
 REPLY_QUEUE: Final = "bastion.inbox.replies"
 REPLY_WORKFLOW: Final = "bastion.inbox.reply"
@@ -93,7 +89,6 @@ class InboxReplies:
         self.agent = agent
         self.model = model
         self._application_name = application_name
-        self._loop: asyncio.AbstractEventLoop | None = None
         inbox.router = self
 
     async def start(self, engine: DurableEngine) -> None:
@@ -101,15 +96,7 @@ class InboxReplies:
         if _running is not None and _running is not self:
             raise RuntimeError("Another InboxReplies already runs the inbox's jobs in this process.")
         await engine.register_queue(REPLY_QUEUE, partition_concurrency=1)
-        self._loop = asyncio.get_running_loop()
         _running = self
-
-    async def on_own_loop(self, work: Coroutine[Any, Any, T]) -> T:
-        """Run `work` on the loop that started these replies, awaited from the loop running the step."""
-        loop = self._loop
-        if loop is None or loop is asyncio.get_running_loop():
-            return await work
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop))
 
     def stop(self) -> None:
         global _running
@@ -154,7 +141,7 @@ async def _load(
     """The history the job answers from, or None when it may not answer."""
     contact = _contact(tenant_id, contact_id, conversation_id)
     replies = _replies()
-    job = await replies.on_own_loop(replies.inbox.reply_job(contact, message_id, job_id=job_id))
+    job = await replies.inbox.reply_job(contact, message_id, job_id=job_id)
     return job.history if job.answerable else None
 
 
@@ -167,7 +154,7 @@ async def _turn(
     contact = _contact(tenant_id, contact_id, conversation_id)
     replies = _replies()
     try:
-        return {"text": await replies.on_own_loop(replies.turn_text(contact, job_id, history))}
+        return {"text": await replies.turn_text(contact, job_id, history)}
     except Exception as error:
         code = getattr(error, "code", None)
         logger.warning("The inbox's bot turn %s failed.", job_id, exc_info=True)
@@ -180,7 +167,7 @@ async def _post(
 ) -> str:
     contact = _contact(tenant_id, contact_id, conversation_id)
     replies = _replies()
-    return await replies.on_own_loop(replies.inbox.post_bot_reply(contact, message_id, text, job_id=job_id))
+    return await replies.inbox.post_bot_reply(contact, message_id, text, job_id=job_id)
 
 
 @DBOS.step(name="bastion.inbox.reply.handoff", retries_allowed=True, max_attempts=3)
@@ -188,7 +175,7 @@ async def _handoff(tenant_id: str, contact_id: str, conversation_id: str, job_id
     contact = _contact(tenant_id, contact_id, conversation_id)
     replies = _replies()
     reason = f"The bot could not answer ({failure})."
-    await replies.on_own_loop(replies.inbox.request_handoff(contact, reason, job_id=job_id))
+    await replies.inbox.request_handoff(contact, reason, job_id=job_id)
 
 
 @DBOS.workflow(name=REPLY_WORKFLOW)
