@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,21 +15,11 @@ from bastion.stores import PostgresStore, SqliteStore, apply_migrations
 from tests.hooks_db import hooks_database, hooks_store  # noqa: F401  (the hooks' fixtures)
 from tests.inbox_db import inbox, inbox_database, inbox_store  # noqa: F401  (the inbox's fixtures)
 from tests.memory_db import memory_database, memory_store  # noqa: F401  (memory's fixtures)
-from tests.pg import PostgresCluster
+from tests.pg import ClusterDatabase, PostgresCluster
 
 
-@dataclass(frozen=True)
-class MigratedDatabase:
-    cluster: PostgresCluster
-    name: str
-
-    @property
-    def admin_dsn(self) -> str:
-        return self.cluster.dsn(self.name)
-
-    @property
-    def app_dsn(self) -> str:
-        return self.cluster.dsn(self.name, user="bastion_app")
+class MigratedDatabase(ClusterDatabase):
+    """The session's database with bastion's migrations and DBOS's schema."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -15,26 +14,11 @@ import pytest
 from bastion.durable import migrate_durable
 from bastion.hooks import apply_chat_table_migrations, apply_hooks_migrations
 from bastion.stores import PostgresStore, StoreIdentity, apply_migrations
-from tests.pg import PostgresCluster
+from tests.pg import ClusterDatabase, PostgresCluster
 
 
-@dataclass(frozen=True)
-class HooksDatabase:
-    cluster: PostgresCluster
-    name: str
-
-    @property
-    def admin_dsn(self) -> str:
-        return self.cluster.dsn(self.name)
-
-    @property
-    def app_dsn(self) -> str:
-        return self.cluster.dsn(self.name, user="bastion_app")
-
-    @property
-    def direct_dsn(self) -> str:
-        """A user's own client with a valid token (Supabase's Data API): `authenticated` only."""
-        return self.cluster.dsn(self.name, user="api_client")
+class HooksDatabase(ClusterDatabase):
+    """A database with the hooks' and chat tables' migrations beside bastion's."""
 
     def execute(self, statement: str, *params: Any) -> None:
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:

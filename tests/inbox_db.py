@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import psycopg
 import pytest
@@ -15,21 +14,11 @@ from bastion.durable import migrate_durable
 from bastion.inbox import CONTACT_ROLE, ContactPrincipal, InboxChannel, PostgresInbox, apply_inbox_migrations
 from bastion.memory import apply_memory_migrations
 from bastion.stores import PostgresStore, StoreIdentity, apply_migrations
-from tests.pg import PostgresCluster
+from tests.pg import ClusterDatabase, PostgresCluster
 
 
-@dataclass(frozen=True)
-class InboxDatabase:
-    cluster: PostgresCluster
-    name: str
-
-    @property
-    def admin_dsn(self) -> str:
-        return self.cluster.dsn(self.name)
-
-    @property
-    def app_dsn(self) -> str:
-        return self.cluster.dsn(self.name, user="bastion_app")
+class InboxDatabase(ClusterDatabase):
+    """The session's database with the inbox's migrations beside bastion's and memory's."""
 
 
 @pytest.fixture(scope="session")

@@ -5,33 +5,17 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import psycopg
 import pytest
 
 from bastion.memory import HashingEmbedder, PostgresMemoryStore, apply_memory_migrations
 from bastion.stores import PostgresStore, StoreIdentity, apply_migrations
-from tests.pg import PostgresCluster
+from tests.pg import ClusterDatabase, PostgresCluster
 
 
-@dataclass(frozen=True)
-class MemoryDatabase:
-    cluster: PostgresCluster
-    name: str
-
-    @property
-    def admin_dsn(self) -> str:
-        return self.cluster.dsn(self.name)
-
-    @property
-    def app_dsn(self) -> str:
-        return self.cluster.dsn(self.name, user="bastion_app")
-
-    @property
-    def direct_dsn(self) -> str:
-        """A user's own client with a valid token (Supabase's Data API): `authenticated` only."""
-        return self.cluster.dsn(self.name, user="api_client")
+class MemoryDatabase(ClusterDatabase):
+    """The session's database with bastion's and memory's migrations."""
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -69,6 +70,27 @@ class PostgresCluster:
                 conn.execute("grant authenticated, bastion_runtime to bastion_app")
                 conn.execute("create role api_client login nobypassrls")
                 conn.execute("grant authenticated to api_client")
+
+
+@dataclass(frozen=True)
+class ClusterDatabase:
+    """One database of the session's server, reached as its owner, as the application's role, or as a
+    user's own client with a valid token (Supabase's Data API: `authenticated` only)."""
+
+    cluster: PostgresCluster
+    name: str
+
+    @property
+    def admin_dsn(self) -> str:
+        return self.cluster.dsn(self.name)
+
+    @property
+    def app_dsn(self) -> str:
+        return self.cluster.dsn(self.name, user="bastion_app")
+
+    @property
+    def direct_dsn(self) -> str:
+        return self.cluster.dsn(self.name, user="api_client")
 
 
 class RoundTripCounter:
