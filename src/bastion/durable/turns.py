@@ -62,9 +62,9 @@ _IDS: Final = uuid.UUID("0f3c2d9a-41b7-4e0c-8a5e-6b1d7c2e9f48")
 
 Chunk = dict[str, Any]
 
-# This process's durable endpoints by name, and the turns its own POSTs attached to their workflows.
+# This process's durable endpoints by name, and the step recorders of the turns its own POSTs run.
 _ENDPOINTS: dict[str, ChatEndpoint[Any]] = {}
-_LOCAL: dict[str, asyncio.Future[Callable[[], Awaitable[None]]]] = {}
+_LOCAL: dict[str, asyncio.Future[_StepRecorder]] = {}
 
 
 class DurableTurnError(RuntimeError):
@@ -116,46 +116,53 @@ class DurableTurns:
         _ENDPOINTS[self.name] = endpoint
 
     async def respond(self, turn: ChatTurn, run: AgentRun[Any, Any]) -> AgentStreamResponse:
-        """The fast path: the claimed turn's response, its turn run inside its workflow here.
+        """The fast path: the claimed turn's response, streaming at once while its workflow starts.
 
-        The workflow's row is written while the turn is prepared; its body waits for the turn the
-        response runs. The run is marked durable beside the turn's first model request, once the
-        workflow exists: a process that died before that leaves a run a newer turn replaces at once.
+        The turn runs in the response's task and asks the model without waiting on DBOS. Its
+        workflow's row is written meanwhile; the workflow's body then records the turn's model steps
+        as the turn hands them over (DBOS records a step only from its workflow's task) and ends
+        with the turn. The run is marked durable once the workflow exists: a process that died
+        before that leaves a run a newer turn replaces at once.
         """
         persistence, context = self._persistence, _context(turn)
-        hooks = _TurnHooks(persistence, context, run)
+        recorder = _StepRecorder()
+        hooks = _TurnHooks(persistence, context, run, recorder=recorder)
         workflow_id = turn_workflow_id(turn.conversation_id, turn.run_id)
-        attached: asyncio.Future[Callable[[], Awaitable[None]]] = asyncio.get_running_loop().create_future()
+        attached: asyncio.Future[_StepRecorder] = asyncio.get_running_loop().create_future()
         _LOCAL[workflow_id] = attached
         starting = asyncio.ensure_future(_start(workflow_id, self._input(turn, run, hooks.message_id)))
 
-        async def runner(run_turn: Callable[[], Awaitable[None]]) -> None:
+        async def made_durable() -> Any:
             try:
                 handle = await starting
             except Exception:
                 _LOCAL.pop(workflow_id, None)
+                recorder.unavailable()
                 logger.exception("Starting a durable turn failed; it runs without durability.")
+                return None
+            attached.set_result(recorder)
+            try:
+                await persistence.mark_durable(context, run.state)
+            except Exception:
+                logger.exception("Marking a run durable failed.")
+            return handle
+
+        async def runner(run_turn: Callable[[], Awaitable[None]]) -> None:
+            marking = asyncio.ensure_future(made_durable())
+            try:
                 await run_turn()
-                return
-
-            async def run_durably() -> None:
-                marking = asyncio.ensure_future(persistence.mark_durable(context, run.state))
-                try:
-                    await run_turn()
-                finally:
-                    try:
-                        await marking
-                    except Exception:
-                        logger.exception("Marking a run durable failed.")
-
-            attached.set_result(run_durably)
-            await handle.get_result()
+            finally:
+                recorder.close()
+                handle = await marking
+                if handle is not None:
+                    await handle.get_result()
 
         hooks.runner = runner
         try:
             return await self.endpoint.open_turn(turn, run, durable=hooks)
         except BaseException:
-            attached.set_result(_nothing)  # the turn failed (and settled) before it streamed
+            recorder.close()  # the turn failed (and settled) before it streamed
+            attached.set_result(recorder)
             raise
 
     async def take_over(self, workflow_input: dict[str, Any]) -> str:
@@ -184,9 +191,7 @@ class DurableTurns:
             return "superseded"
         start = RunStart(messages=workflow_input["messages"], state=state, operation_scope=turn.run_id)
         run = AgentRun(persistence=persistence, context=context, start=start)
-        hooks = _TurnHooks(
-            persistence, context, run, message_id=workflow_input["message_id"], taken_over=True
-        )
+        hooks = _TurnHooks(persistence, context, run, message_id=workflow_input["message_id"])
         response = await self.endpoint.open_turn(turn, run, durable=hooks)
         await response.run_detached()
         return "taken_over"
@@ -234,22 +239,30 @@ class _TurnHooks:
         run: AgentRun[Any, Any],
         *,
         message_id: str | None = None,
-        taken_over: bool = False,
+        recorder: _StepRecorder | None = None,
     ) -> None:
         self._persistence = persistence
         self._context = context
         self._run = run
-        # Only a taken-over execution has an earlier attempt in the log to supersede; the first one
-        # writes no reset (each would cost the log a write of its own).
-        self._taken_over = taken_over
+        # A first execution hands its steps to its recorder. Only a taken-over one (no recorder) has
+        # an earlier attempt in the log to supersede; a first one writes no reset (each would cost
+        # the log a write of its own).
+        self._taken_over = recorder is None
+        self._recorder = recorder
         run_id: str = run.state.run_id
         self.message_id = message_id or uuid.uuid5(_IDS, run_id).hex
         self.runner: TurnRunner | None = None
         self._log: ChunkLog | None = None
-        self.steps = _ModelSteps(run_id, self._new_attempt, self._record_results)
+        self.steps = _ModelSteps(run_id, self._new_attempt, self._record_results, recorder=recorder)
 
     def attach(self, log: ChunkLog | None) -> None:
         self._log = log
+
+    async def before_save(self) -> None:
+        """The turn is saved next: its model requests are recorded first, so a worker that dies
+        while saving leaves a turn whose take-over replays every request."""
+        if self._recorder is not None:
+            await self._recorder.settled()
 
     def _new_attempt(self) -> None:
         """What follows is produced afresh: it supersedes whatever an earlier attempt logged from here."""
@@ -270,6 +283,8 @@ class _TurnHooks:
             idempotent: bool,
         ) -> Any:
             async def run_it(key: str) -> Any:
+                if self._recorder is not None:
+                    await self._recorder.settled()  # the request that called this tool is recorded
                 self._new_attempt()
                 return await execute(key)
 
@@ -290,23 +305,69 @@ class _TurnHooks:
 
 
 class _ModelSteps:
-    """`ModelSteps` on DBOS: each model request a step whose body streams live through a queue."""
+    """`ModelSteps` on DBOS: each model request of a turn is a step.
+
+    A first execution of a turn streams each request straight from the model and records it as a
+    step when it ends, before anything depends on it (its tools, the turn's save): the model is
+    asked at once, without waiting on DBOS's check for a recorded result, which a first execution
+    cannot have. An execution taking over runs each request as the step's body, so a recorded
+    request is replayed without the model and an unrecorded one (in flight when its worker died)
+    is asked again, starting a new attempt in the stream log.
+    """
 
     def __init__(
         self,
         id_seed: str,
         new_attempt: Callable[[], None],
         before_request: Callable[[], Awaitable[None]],
+        *,
+        recorder: _StepRecorder | None,
     ) -> None:
         self.id_seed = id_seed
         self._new_attempt = new_attempt
         self._before_request = before_request
+        self._recorder = recorder
 
-    async def request(
+    def request(
         self,
         step: int,
         produce: Callable[[], AsyncIterator[Chunk]],
         response: list[ModelResponse],
+    ) -> AsyncIterator[Chunk]:
+        if self._recorder is None:
+            return self._replayable(produce, response)
+        return self._first(self._recorder, produce, response)
+
+    async def _first(
+        self,
+        recorder: _StepRecorder,
+        produce: Callable[[], AsyncIterator[Chunk]],
+        response: list[ModelResponse],
+    ) -> AsyncIterator[Chunk]:
+        # The results this request sees are written while it runs, and before its step is recorded:
+        # a recorded request never saw a result the store lacks.
+        results = asyncio.ensure_future(self._before_request())
+        chunks: list[Chunk] = []
+        failure: BaseException | None = None
+        outcome = "completed"
+        try:
+            async for chunk in produce():
+                chunks.append(chunk)
+                yield chunk
+        except AgentCancelledError as error:
+            failure, outcome = error, "cancelled"
+        except Exception as error:
+            failure, outcome = error, "failed"
+        finally:
+            if not results.done():
+                await asyncio.wait([results])
+        results.result()
+        recorder.hand_over(_recorded(outcome, chunks, response))
+        if failure is not None:
+            raise failure
+
+    async def _replayable(
+        self, produce: Callable[[], AsyncIterator[Chunk]], response: list[ModelResponse]
     ) -> AsyncIterator[Chunk]:
         live: asyncio.Queue[Chunk | None] = asyncio.Queue()
         failure: list[BaseException] = []
@@ -325,12 +386,7 @@ class _ModelSteps:
             except Exception as error:
                 failure.append(error)
                 outcome = "failed"
-            recorded: dict[str, Any] = {"outcome": outcome, "chunks": chunks}
-            if outcome == "completed":
-                recorded["response"] = ModelMessagesTypeAdapter.dump_json(
-                    list[ModelMessage](response)
-                ).decode()
-            return recorded
+            return _recorded(outcome, chunks, response)
 
         task = asyncio.ensure_future(_model_request_step(body))
         task.add_done_callback(lambda _: live.put_nowait(None))
@@ -358,6 +414,70 @@ class _ModelSteps:
             response.append(replayed)
 
 
+class _StepRecorder:
+    """Records a first execution's model steps from its workflow's task, where DBOS records steps.
+
+    The turn streams in the response's task and `hand_over`s each finished request; the workflow's
+    body `serve`s the hand-overs in order until the turn `close`s. Only what depends on a record
+    waits for it (`settled`): a tool's side effect, so a request whose tools ran is replayed, never
+    asked again; and the turn's save, so a worker dying while it saves leaves every request
+    recorded. So a request's record is written beside its tools' claims, or its turn's final
+    writes, off the path to the next token. When the workflow could not start, the recorder is
+    `unavailable` and records nothing: the turn runs without durability.
+    """
+
+    def __init__(self) -> None:
+        self._requests: asyncio.Queue[tuple[dict[str, Any], asyncio.Future[None]] | None] = asyncio.Queue()
+        self._pending: list[asyncio.Future[None]] = []
+        self._available = True
+
+    def hand_over(self, recorded: dict[str, Any]) -> None:
+        if not self._available:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append(done)
+        self._requests.put_nowait((recorded, done))
+
+    async def settled(self) -> None:
+        """Wait until every request handed over is recorded; raises what recording one raised."""
+        pending, self._pending = self._pending, []
+        for done in pending:
+            await done
+
+    def unavailable(self) -> None:
+        self._available = False
+        for done in self._pending:
+            if not done.done():
+                done.set_result(None)
+
+    def close(self) -> None:
+        self._requests.put_nowait(None)
+
+    async def serve(self) -> None:
+        while (request := await self._requests.get()) is not None:
+            recorded, done = request
+
+            async def body(recorded: dict[str, Any] = recorded) -> dict[str, Any]:
+                return recorded
+
+            try:
+                await _model_request_step(body)
+            except BaseException as error:
+                if not done.done():
+                    done.set_exception(error)
+                raise
+            if not done.done():
+                done.set_result(None)
+
+
+def _recorded(outcome: str, chunks: list[Chunk], response: list[ModelResponse]) -> dict[str, Any]:
+    """A model step's recorded output: its outcome, its chunks and (completed) its response."""
+    recorded: dict[str, Any] = {"outcome": outcome, "chunks": chunks}
+    if outcome == "completed":
+        recorded["response"] = ModelMessagesTypeAdapter.dump_json(list[ModelMessage](response)).decode()
+    return recorded
+
+
 @DBOS.step(name=MODEL_STEP_NAME)
 async def _model_request_step(body: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
     """One model request of a turn: the response and the chunks it streamed (see `_ModelSteps`)."""
@@ -370,7 +490,7 @@ async def _turn_workflow(workflow_input: dict[str, Any]) -> str:
     workflow_id = DBOS.workflow_id
     attached = _LOCAL.pop(workflow_id, None) if workflow_id is not None else None
     if attached is not None:
-        await (await attached)()
+        await (await attached).serve()
         return "ran"
     endpoint = await _endpoint(workflow_input["endpoint"])
     if endpoint is None or endpoint.durable is None:
@@ -384,10 +504,6 @@ async def _turn_workflow(workflow_input: dict[str, Any]) -> str:
 async def _start(workflow_id: str, workflow_input: dict[str, Any]) -> Any:
     with SetWorkflowID(workflow_id):
         return await DBOS.start_workflow_async(_turn_workflow, workflow_input)
-
-
-async def _nothing() -> None:
-    return None
 
 
 async def _endpoint(name: str) -> ChatEndpoint[Any] | None:

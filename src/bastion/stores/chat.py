@@ -130,6 +130,9 @@ class DurableTurnHooks(Protocol):
     def execute_tool(self, hook: ExecuteToolHook) -> ExecuteToolHook:
         """The tool hook wrapping the run's own."""
 
+    async def before_save(self) -> None:
+        """Called just before the turn's response message is saved."""
+
 
 class StopResult(StrictModel):
     """The turn a stop was asked of, and whether it settled within the wait."""
@@ -263,6 +266,8 @@ class ChatEndpoint(Generic[ContextT]):
         opened = session
 
         async def on_finish(*, response_message: dict[str, Any], status: StreamStatus) -> None:
+            if durable is not None:
+                await durable.before_save()
             await run.finish(response_message=response_message, status=status)
 
         async def on_settled(*, status: StreamStatus) -> None:
