@@ -245,6 +245,13 @@ async def test_a_durable_turn_streams_in_its_workflow_can_be_stopped_and_is_prun
             }
             posted = asyncio.ensure_future(http.post(f"{url}/api/chat", json=body, headers=headers))
             await gated.waiting.wait()
+            # Once its workflow exists, the running turn's stream log marks its run durable.
+            for _ in range(200):
+                [(_, status, durable)] = runs(migrated_database, stopped_conversation)
+                if durable:
+                    break
+                await asyncio.sleep(0.05)
+            assert (status, durable) == ("running", True)
             stop = await http.post(f"{url}/api/chat/{stopped_conversation}/stop", headers=headers)
             assert stop.status_code == 200 and stop.json()["settled"] is True
             response = await posted

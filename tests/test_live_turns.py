@@ -23,7 +23,7 @@ from bastion import AgentTools, define_agent, tool
 from bastion.auth import SupabaseEnv
 from bastion.stores import PostgresStore, StoreIdentity
 from bastion.stores.chat import ChatTurn, chat_routes
-from bastion.stores.live import ChunkBatch, StreamAssembly
+from bastion.stores.live import ChunkBatch, ChunkLog, StreamAssembly
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
 from tests.supabase_tokens import SigningKeys, es256, user_claims
@@ -273,6 +273,36 @@ def test_a_reset_supersedes_an_earlier_attempt_and_repeated_chunks_are_skipped()
     assert live.take() == [start, step, a1]
     assert live.apply(ChunkBatch(2, [b1], reset=True)) is True
     assert live.take() == [b1]
+
+
+async def test_a_durable_mark_rides_on_the_logs_next_write_or_on_a_write_of_no_chunks() -> None:
+    written: list[ChunkBatch] = []
+    failing = [False]
+
+    async def sink(batch: ChunkBatch) -> bool:
+        if failing[0]:
+            failing[0] = False
+            raise OSError("the database went away")
+        written.append(batch)
+        return False
+
+    log = ChunkLog(sink, interval=3600)  # written only when flushed here
+    log.add({"type": "start"})
+    await log.flush()
+    log.mark_durable()
+    failing[0] = True
+    await log.flush()  # the write carrying the mark fails: the mark waits for the next write
+    log.add({"type": "start-step"})
+    await log.flush()
+    log.mark_durable()
+    await log.flush()  # nothing to log: a write of no chunks carries the mark
+    await log.flush()
+    await log.close()
+    assert [(batch.seq, len(batch.chunks), batch.durable) for batch in written] == [
+        (0, 1, False),
+        (1, 1, True),
+        (2, 0, True),
+    ]
 
 
 @pytest.mark.parametrize("position", [0, 2])

@@ -121,8 +121,8 @@ class DurableTurns:
         The turn runs in the response's task and asks the model without waiting on DBOS. Its
         workflow's row is written meanwhile; the workflow's body then records the turn's model steps
         as the turn hands them over (DBOS records a step only from its workflow's task) and ends
-        with the turn. The run is marked durable once the workflow exists: a process that died
-        before that leaves a run a newer turn replaces at once.
+        with the turn. The run is marked durable by the stream log's next write once the workflow
+        exists: a process that died before that leaves a run a newer turn replaces at once.
         """
         persistence, context = self._persistence, _context(turn)
         recorder = _StepRecorder()
@@ -141,10 +141,7 @@ class DurableTurns:
                 logger.exception("Starting a durable turn failed; it runs without durability.")
                 return None
             attached.set_result(recorder)
-            try:
-                await persistence.mark_durable(context, run.state)
-            except Exception:
-                logger.exception("Marking a run durable failed.")
+            hooks.mark_durable()
             return handle
 
         async def runner(run_turn: Callable[[], Awaitable[None]]) -> None:
@@ -257,6 +254,11 @@ class _TurnHooks:
 
     def attach(self, log: ChunkLog | None) -> None:
         self._log = log
+
+    def mark_durable(self) -> None:
+        """The workflow exists: the run's stream log marks it durable with its next write."""
+        if self._log is not None:
+            self._log.mark_durable()
 
     async def before_save(self) -> None:
         """The turn is saved next: its model requests are recorded first, so a worker that dies

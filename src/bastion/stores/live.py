@@ -41,11 +41,13 @@ class StreamSuperseded(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ChunkBatch:
-    """One write of a run's stream: chunks from turn position `seq`; `reset` supersedes from there."""
+    """One write of a run's stream: chunks from turn position `seq`; `reset` supersedes from there;
+    `durable` marks the run durable as well (see `ChunkLog.mark_durable`)."""
 
     seq: int
     chunks: Sequence[Chunk]
     reset: bool = False
+    durable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +133,7 @@ class ChunkLog:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._mark_durable = False
 
     @property
     def position(self) -> int:
@@ -146,6 +149,14 @@ class ChunkLog:
         else:
             self._segments.append(_Segment(self._position, False, [chunk]))
         self._position += 1
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+        self._wake.set()
+
+    def mark_durable(self) -> None:
+        """The run's workflow exists: the next write marks the run durable too, so the mark costs
+        no transaction of its own (a write of no chunks carries it if nothing else comes)."""
+        self._mark_durable = True
         if self._task is None:
             self._task = asyncio.ensure_future(self._run())
         self._wake.set()
@@ -167,16 +178,26 @@ class ChunkLog:
             while self._segments:
                 segment = self._segments[0]
                 if not segment.chunks and len(self._segments) == 1 and not self._closed:
-                    return
+                    break
                 self._segments.pop(0)
-                try:
-                    stop = await self._sink(ChunkBatch(segment.seq, segment.chunks, segment.reset))
-                except Exception:
+                if not await self._write(ChunkBatch(segment.seq, segment.chunks, segment.reset)):
                     self._segments.insert(0, segment)
-                    logger.warning("Writing a run's stream failed; it is retried with the next batch.")
                     return
-                if stop and self._on_stop is not None:
-                    self._on_stop()
+            if self._mark_durable:
+                await self._write(ChunkBatch(self._position, ()))
+
+    async def _write(self, batch: ChunkBatch) -> bool:
+        marking = self._mark_durable
+        try:
+            stop = await self._sink(ChunkBatch(batch.seq, batch.chunks, batch.reset, durable=marking))
+        except Exception:
+            logger.warning("Writing a run's stream failed; it is retried with the next batch.")
+            return False
+        if marking:
+            self._mark_durable = False
+        if stop and self._on_stop is not None:
+            self._on_stop()
+        return True
 
     async def close(self) -> None:
         """Flush and stop writing; later chunks are dropped."""

@@ -69,8 +69,8 @@ class PostgresLiveTurns:
         async def write(batch: ChunkBatch) -> bool:
             async with self._store.transaction(identity) as conn:
                 cursor = await conn.execute(
-                    "select bastion.append_chunks(%s, %s, %s, %s)",
-                    (run_id, batch.seq, batch.reset, Jsonb(list(batch.chunks))),
+                    "select bastion.append_chunks(%s, %s, %s, %s, %s)",
+                    (run_id, batch.seq, batch.reset, Jsonb(list(batch.chunks)), batch.durable),
                 )
             row = await cursor.fetchone()
             return bool(row and row[0])
