@@ -15,33 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager, suppress
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager, suppress
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Self
 
 from bastion._extras import missing_extra
 
 try:
     import psycopg
-    from psycopg.pq import TransactionStatus
-    from psycopg.rows import TupleRow
-    from psycopg.types.json import Jsonb
     from psycopg_pool import AsyncConnectionPool
 except ImportError as error:
     raise missing_extra("bastion.stores.PostgresStore", "postgres", error) from error
 
 from bastion.approvals import CanRespondToApproval
-from bastion.history import AgentHistoryConflictError, reconcile_agent_messages
-from bastion.persistence import (
-    AgentRunInactiveError,
-    RunInput,
-    RunOutcome,
-    RunStart,
-    ToolOperation,
-)
 from bastion.stores._conversation_queries import (
     conversation_from_row,
     new_conversation_values,
@@ -51,30 +39,21 @@ from bastion.stores._conversation_queries import (
 )
 from bastion.stores._leases import DEFAULT_LEASE_SECONDS, LeaseKeeper, new_worker_key
 from bastion.stores._migrations import apply_migrations
+from bastion.stores._postgres_connection import (
+    Connection,
+    Pool,
+    caller_transaction,
+    database_errors,
+    single_value,
+)
+from bastion.stores._postgres_turns import PostgresAgentPersistence
 from bastion.stores._tail_cache import (
     DEFAULT_MAX_BYTES,
-    CachedTail,
     TailCache,
-    TailKey,
-    claimed_tail,
-    finished_tail,
-    loaded_tail,
     tail_key,
 )
 from bastion.stores._turns import (
-    CheckedOperation,
-    HistoryWrites,
-    TurnPersistence,
-    approval_request_events,
-    approval_response_events,
-    browser_message_ids,
-    check_response,
     check_title,
-    pending_approval_ids,
-    plan_history_writes,
-    recordable,
-    run_event,
-    run_status,
 )
 from bastion.stores.entities import (
     MAX_COMMENT,
@@ -85,19 +64,14 @@ from bastion.stores.entities import (
     StoredMessage,
     StoreIdentity,
     TurnContext,
-    TurnState,
     check_cursor,
     check_limit,
     check_text,
     parse_uuid,
 )
 from bastion.stores.errors import (
-    ConversationBusyError,
     InvalidInputError,
     NotFoundError,
-    ToolOperationConflictError,
-    ToolOperationMismatchError,
-    ToolOperationUncertainError,
     TurnConflictError,
 )
 from bastion.stores.filters import ConversationFilter
@@ -106,19 +80,12 @@ from bastion.stores.schema import ConversationSchema
 if TYPE_CHECKING:
     from bastion.stores.postgres_live import PostgresLiveTurns
 
-__all__ = ["PostgresAgentPersistence", "PostgresStore"]
-
-Connection: TypeAlias = psycopg.AsyncConnection[TupleRow]
-Pool: TypeAlias = AsyncConnectionPool[Connection]
+__all__ = ["Connection", "PostgresAgentPersistence", "PostgresStore", "caller_transaction"]
 
 _SET_IDENTITY: Final = (
     "select set_config('role', 'authenticated', true), set_config('request.jwt.claims', %s, true)"
 )
 _RATINGS: Final = frozenset({"up", "down"})
-
-# SQLSTATEs raised on purpose by the migrations' functions, and the ones a race produces.
-_CONFLICT_STATES: Final = frozenset({"BS409", "23505"})
-_LOCK_NOT_AVAILABLE: Final = "55P03"
 
 
 class PostgresStore:
@@ -248,7 +215,7 @@ class PostgresStore:
                 conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
                 try:
                     cursor = await conn.execute("select pg_try_advisory_lock(%s)", (self.worker_key,))
-                    if not _single(await cursor.fetchone()):
+                    if not single_value(await cursor.fetchone()):
                         raise RuntimeError("Another process holds this store's worker lock.")
                 except BaseException:
                     await conn.close()
@@ -292,7 +259,7 @@ class PostgresStore:
             raise ValueError("older_than must not be negative")
         async with self._pool.connection() as conn:
             cursor = await conn.execute("select bastion.prune_run_chunks(%s)", (older_than,))
-            return int(_single(await cursor.fetchone()))
+            return int(single_value(await cursor.fetchone()))
 
     def persistence(
         self,
@@ -340,7 +307,7 @@ class PostgresStore:
         )
         chosen = parse_uuid(conversation_id) if conversation_id is not None else None
         try:
-            with _database_errors():
+            with database_errors():
                 async with self.transaction(identity) as conn:
                     cursor = await conn.execute(postgres_insert(self.schema, values), values | {"id": chosen})
         except TurnConflictError:
@@ -354,14 +321,14 @@ class PostgresStore:
         check_limit(limit)
         where = (filter or ConversationFilter()).checked(self.schema.columns)
         statement, params = postgres_list(self.schema, where)
-        with _database_errors():
+        with database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(statement, params | {"limit": limit})
         return [self._conversation(row) for row in await cursor.fetchall()]
 
     async def get_conversation(self, identity: StoreIdentity, conversation_id: str) -> Conversation[Any]:
         conversation = parse_uuid(conversation_id)
-        with _database_errors():
+        with database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(
                     f"select {postgres_select(self.schema)} from bastion.conversations where id = %s",
@@ -375,7 +342,7 @@ class PostgresStore:
         """Rename a conversation: the only column a user may change."""
         conversation = parse_uuid(conversation_id)
         check_title(title)
-        with _database_errors():
+        with database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(
                     "update bastion.conversations set title = %s, updated_at = now() "
@@ -390,7 +357,7 @@ class PostgresStore:
         """Replace the conversation's application state (validated by the schema; None clears it)."""
         conversation = parse_uuid(conversation_id)
         text = self.schema.dump_state(state) if state is not None else None
-        with _database_errors():
+        with database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(
                     "update bastion.conversations set state = %s::jsonb, updated_at = now() "
@@ -408,7 +375,7 @@ class PostgresStore:
         """Delete a conversation with its messages, runs, events, tool executions and feedback."""
         conversation = parse_uuid(conversation_id)
         self._tails.evict(tail_key(identity, conversation))
-        with _database_errors():
+        with database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(
                     "delete from bastion.conversations where id = %s returning id", (conversation,)
@@ -423,7 +390,7 @@ class PostgresStore:
         conversation = parse_uuid(conversation_id)
         check_cursor(after_seq)
         check_limit(limit, maximum=10_000)
-        with _database_errors():
+        with database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(
                     "select m.seq, m.id, m.role, m.message, m.created_at from bastion.conversations c "
@@ -456,7 +423,7 @@ class PostgresStore:
             raise InvalidInputError()
         if comment is not None:
             check_text(comment, max_length=MAX_COMMENT)
-        with _database_errors():
+        with database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(
                     "insert into bastion.feedback (conversation_id, message_id, rating, comment) "
@@ -481,7 +448,7 @@ class PostgresStore:
         conversation = parse_uuid(conversation_id)
         check_cursor(after)
         check_limit(limit)
-        with _database_errors():
+        with database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(
                     "select e.id, e.run_id::text, e.type, e.data, e.created_at from bastion.conversations c "
@@ -499,407 +466,5 @@ class PostgresStore:
         ]
 
 
-class PostgresAgentPersistence(TurnPersistence):
-    """Turns stored in Postgres: claims with revisions and leases, exactly-once tool operations, events.
-
-    - `start_run` (two round trips, one transaction): lock the conversation without waiting, load
-      its stored tail, reconcile the browser's messages, claim the turn and write what changed.
-      The model gets the last `history_window` messages of the canonical history. A later turn
-      takes one round trip when this process remembers the tail its previous claim or finish left
-      (per identity and conversation): it reconciles against that tail, and the database claims
-      only if the revision is unchanged, the browser names no stored message the tail lacks, no
-      live run holds the conversation and the request id is new. A stale tail changes nothing and
-      costs a fresh load; any error forgets the tail.
-    - `execute_tool` (one round trip): claim the call before its side effect; the results of this
-      run's earlier calls are recorded in the same trip (or by `finish_run`).
-    - `finish_run` (one round trip): fenced by run id and idempotent; appends (or replaces, when
-      continuing it) only the response message and releases the claim.
-
-    A run holds its claim for `lease_seconds` (30 s by default), renewed while this process runs
-    it; a newer turn replaces a run whose lease expired, or whose process provably died (its
-    worker lock is free), and records it as interrupted. A conversation a live turn holds is
-    refused with `ConversationBusyError`, which carries `Retry-After`.
-
-    A run a durable workflow runs (`bastion.durable`) is marked durable once its workflow exists
-    (`mark_durable`): it is not replaced when its process dies, since a live process adopts it
-    (`adopt_run`) and finishes it; only its lease running out frees its conversation then.
-    """
-
-    def __init__(
-        self,
-        store: PostgresStore,
-        *,
-        history_window: int = 100,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
-    ) -> None:
-        super().__init__(
-            history_window=history_window,
-            lease_seconds=lease_seconds,
-            can_respond_to_approval=can_respond_to_approval,
-        )
-        self._store = store
-        self._tails = store._tails
-
-    async def mark_durable(self, context: TurnContext, state: TurnState) -> bool:
-        """Mark the run durable, once a durable workflow runs it (one round trip): from now on it waits
-        for its take-over when its process dies instead of being replaced. False when it no longer runs."""
-        with _database_errors():
-            async with self._store.transaction(context.identity) as conn:
-                cursor = await conn.execute("select bastion.mark_run_durable(%s)", (state.run_id,))
-            return bool(_single(await cursor.fetchone()))
-
-    async def adopt_run(self, context: TurnContext, state: TurnState) -> bool:
-        """Take over the run of a durable workflow whose process died: this process runs it from now on
-        (and the run is durable, if its process died before marking it).
-
-        One round trip. False, and nothing changes, when the run is no longer the conversation's
-        running turn (it was settled or replaced meanwhile) or its process is still alive. Operations
-        the dead process left in flight are settled as failed: their outcome is unknown, so running
-        them again is refused unless the tool is idempotent.
-        """
-        await self._store._hold_worker_lock()
-        with _database_errors():
-            async with self._store.transaction(context.identity) as conn:
-                cursor = await conn.execute(
-                    "select bastion.adopt_run(%s, %s, %s)",
-                    (state.run_id, self._store.worker_key, self._lease_seconds),
-                )
-            adopted = bool(_single(await cursor.fetchone()))
-        self._tails.evict(tail_key(context.identity, state.conversation_id))
-        if adopted:
-            self._store._leases.hold(state.run_id, self._lease_seconds)
-        return adopted
-
-    async def record_tool_results(self, context: TurnContext, state: TurnState) -> None:
-        """Write the results of this run's finished operations now, not with its next write (a
-        durable turn does so before each model request, so a replayed request never saw a result
-        the store lacks)."""
-        results = list(state.unrecorded_results)
-        if not results:
-            return
-        with _database_errors():
-            async with self._store.transaction(context.identity) as conn:
-                await conn.execute(
-                    "select bastion.record_run_results(%s, %s, %s)",
-                    (state.conversation_id, state.run_id, Jsonb(recordable(results))),
-                )
-        del state.unrecorded_results[: len(results)]
-
-    async def start_run(self, context: TurnContext, input: RunInput) -> RunStart[TurnState]:
-        key = tail_key(context.identity, context.conversation_id)
-        cached = self._tails.get(key)
-        await self._store._hold_worker_lock()
-        try:
-            if cached is not None:
-                start = await self._claim_from_cache(context, input, key, cached)
-                if start is not None:
-                    return start
-            return await self._claim_after_load(context, input, key)
-        except BaseException:
-            self._tails.evict(key)
-            raise
-
-    async def _claim_from_cache(
-        self, context: TurnContext, input: RunInput, key: TailKey, cached: CachedTail
-    ) -> RunStart[TurnState] | None:
-        """One round trip: reconcile against the remembered tail, then claim only if it is still current.
-
-        Returns None when the remembered tail cannot serve this turn or turns out stale; the caller
-        then loads afresh, so a refusal here is never final (a forged window is refused there). No
-        callback runs here: a turn that answers approvals under a policy takes the locked path, so
-        the policy is asked once, while the stored history cannot change.
-        """
-        if cached.incarnation is None or not cached.covers_window(self._window):
-            return None
-        if context.expected_revision is not None and context.expected_revision != cached.revision:
-            return None
-        tail = list(cached.rows)
-        try:
-            history = await reconcile_agent_messages(
-                [message for _, message in tail], input.messages, trigger=input.trigger
-            )
-        except AgentHistoryConflictError:
-            return None
-        plan = plan_history_writes(tail, history, last_seq=cached.last_seq)
-        if self._can_respond is not None and _answers_approvals(plan):
-            return None
-        known = cached.ids()
-        uncached = [
-            message_id for message_id in browser_message_ids(input.messages) if message_id not in known
-        ]
-        run_id = str(uuid.uuid4())
-        with _database_errors():
-            async with self._store.transaction(context.identity) as conn:
-                cursor = await self._execute_claim(
-                    conn, context, run_id, cached, plan, tail, history, uncached_ids=uncached
-                )
-            claimed = _single(await cursor.fetchone())
-        if claimed["outcome"] == "stale":
-            return None
-        return self._claimed(key, run_id, cached, plan, history, claimed)
-
-    async def _claim_after_load(
-        self, context: TurnContext, input: RunInput, key: TailKey
-    ) -> RunStart[TurnState]:
-        """Two round trips: load the stored tail under the conversation's lock, then claim."""
-        run_id = str(uuid.uuid4())
-        with _database_errors():
-            async with self._store.transaction(context.identity) as conn:
-                cursor = await conn.execute(
-                    "select bastion.load_turn(%s, %s, %s, %s)",
-                    (
-                        context.conversation_id,
-                        context.request_id,
-                        browser_message_ids(input.messages),
-                        self._window,
-                    ),
-                )
-                loaded = _single(await cursor.fetchone())
-                if loaded is None:
-                    raise NotFoundError()
-                revision = loaded["revision"]
-                stale = context.expected_revision is not None and context.expected_revision != revision
-                if loaded["busy"]:
-                    raise ConversationBusyError(loaded["retry_after"])
-                if loaded["repeated_request"] or stale:
-                    raise TurnConflictError()
-                tail = [(seq, message) for seq, message in loaded["messages"]]
-                base = loaded_tail(revision, loaded["last_seq"], tail)
-                history = await self._reconcile([message for _, message in tail], input, context)
-                plan = plan_history_writes(tail, history, last_seq=base.last_seq)
-                cursor = await self._execute_claim(conn, context, run_id, base, plan, tail, history)
-            claimed = _single(await cursor.fetchone())
-        return self._claimed(key, run_id, base, plan, history, claimed)
-
-    async def _execute_claim(
-        self,
-        conn: Connection,
-        context: TurnContext,
-        run_id: str,
-        base: CachedTail,
-        plan: HistoryWrites,
-        tail: list[tuple[int, dict[str, Any]]],
-        history: list[dict[str, Any]],
-        *,
-        uncached_ids: list[str] | None = None,
-    ) -> psycopg.AsyncCursor[TupleRow]:
-        """Queue `bastion.claim_turn`: the writes of `plan`, if the conversation is still at `base`."""
-        events = [run_event(run_id, "started"), *approval_response_events(tail, history)]
-        return await conn.execute(
-            "select bastion.claim_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (
-                context.conversation_id,
-                run_id,
-                context.request_id,
-                base.revision,
-                base.incarnation,
-                uncached_ids or [],
-                self._store.worker_key,
-                self._lease_seconds,
-                plan.truncate_after,
-                Jsonb(plan.writes),
-                Jsonb(events),
-            ),
-        )
-
-    def _claimed(
-        self,
-        key: TailKey,
-        run_id: str,
-        base: CachedTail,
-        plan: HistoryWrites,
-        history: list[dict[str, Any]],
-        claimed: dict[str, Any],
-    ) -> RunStart[TurnState]:
-        """The started run, remembering the tail the claim left for the conversation's next turn."""
-        if claimed["outcome"] == "busy":
-            raise ConversationBusyError(claimed["retry_after"])
-        if claimed["outcome"] != "claimed":
-            raise TurnConflictError()
-        revision = claimed["revision"]
-        written_from = min((write["seq"] for write in plan.writes), default=None)
-        written = [(seq, message) for seq, message in claimed["rows"]]
-        after = claimed_tail(
-            base,
-            truncate_after=plan.truncate_after,
-            written_from=written_from,
-            revision=revision,
-            last_seq=claimed["last_seq"],
-            written=written,
-            incarnation=claimed["incarnation"],
-        )
-        self._tails.put(key, after)
-        self._store._leases.hold(run_id, self._lease_seconds)
-        state = TurnState(
-            conversation_id=key[2],
-            run_id=run_id,
-            revision=revision,
-            pending_approval_ids=pending_approval_ids(history),
-        )
-        return RunStart(messages=history[-self._window :], state=state, operation_scope=run_id)
-
-    async def execute_tool(self, context: TurnContext, state: TurnState, operation: ToolOperation) -> Any:
-        checked = self._checked_operation(state, operation)
-        replayed, output = self._replayed(state, checked)
-        if replayed:
-            return output
-        results = list(state.unrecorded_results)
-        state.running_tool_calls.add(checked.key)
-        claimed = False
-        try:
-            claim = await self._claim_tool(context, state, checked, results)
-            del state.unrecorded_results[: len(results)]
-            outcome = claim["outcome"]
-            if outcome == "completed":
-                return claim["output"]
-            if outcome == "in_flight":
-                raise ToolOperationConflictError()
-            if outcome == "mismatch":
-                raise ToolOperationMismatchError()
-            if outcome != "claimed":
-                raise ToolOperationUncertainError()
-            claimed = True
-            return await self._execute(state, operation, checked)
-        finally:
-            if not claimed:
-                state.running_tool_calls.discard(checked.key)
-
-    async def _claim_tool(
-        self, context: TurnContext, state: TurnState, checked: CheckedOperation, results: list[dict[str, Any]]
-    ) -> dict[str, Any]:
-        """One round trip: record this run's earlier results and claim the operation."""
-        try:
-            with _database_errors():
-                async with self._store.transaction(context.identity) as conn:
-                    cursor = await conn.execute(
-                        "select bastion.claim_tool(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                        (
-                            state.conversation_id,
-                            state.run_id,
-                            checked.key,
-                            checked.call_id,
-                            checked.name,
-                            Jsonb(checked.input),
-                            checked.idempotent,
-                            self._lease_seconds,
-                            Jsonb(recordable(results)),
-                        ),
-                    )
-                claim: dict[str, Any] = _single(await cursor.fetchone())
-        except BaseException:
-            self._tails.evict(tail_key(context.identity, state.conversation_id))
-            raise
-        return claim
-
-    async def finish_run(self, context: TurnContext, state: TurnState, outcome: RunOutcome) -> None:
-        message = outcome.response_message
-        if message is not None:
-            check_response(message)
-        status = run_status(outcome.status, message)
-        events = [
-            *approval_request_events(message, known=state.pending_approval_ids),
-            run_event(state.run_id, status, message),
-        ]
-        results = list(state.unrecorded_results)
-        key = tail_key(context.identity, state.conversation_id)
-        self._store._leases.release(state.run_id)
-        try:
-            with _database_errors():
-                async with self._store.transaction(context.identity) as conn:
-                    cursor = await conn.execute(
-                        "select bastion.close_turn(%s, %s, %s, %s, %s, %s)",
-                        (
-                            state.conversation_id,
-                            state.run_id,
-                            status,
-                            Jsonb(message) if message is not None else None,
-                            Jsonb(recordable(results)),
-                            Jsonb(events),
-                        ),
-                    )
-                closed = _single(await cursor.fetchone())
-        except BaseException:
-            self._tails.evict(key)
-            raise
-        del state.unrecorded_results[: len(results)]
-        self._remember_finish(key, state, closed)
-
-    def _remember_finish(self, key: TailKey, state: TurnState, closed: dict[str, Any]) -> None:
-        """Advance the remembered tail past this run's own finish; anything else forgets it."""
-        before = self._tails.get(key)
-        if before is None:
-            return
-        if (
-            not closed["saved"]
-            or before.revision != state.revision
-            or closed["revision"] != state.revision + 1
-        ):
-            self._tails.evict(key)
-            return
-        row = closed["row"]
-        saved = (row[0], row[1]) if row is not None else None
-        self._tails.put(
-            key, finished_tail(before, revision=closed["revision"], last_seq=closed["last_seq"], saved=saved)
-        )
-
-
-@asynccontextmanager
-async def caller_transaction(
-    pool: Pool, set_caller: str, params: tuple[Any, ...]
-) -> AsyncIterator[Connection]:
-    """One pipelined transaction that first runs `set_caller` (a `set_config(..., true)` statement), so the
-    caller's role and claims last exactly as long as the transaction on a pooled connection."""
-    async with pool.connection() as conn:
-        if not conn.autocommit:
-            await conn.set_autocommit(True)
-        try:
-            async with conn.pipeline():
-                await conn.execute("begin")
-                await conn.execute(set_caller, params)
-                yield conn
-                await conn.execute("commit")
-        except BaseException:
-            await _rollback(conn)
-            raise
-
-
-async def _rollback(conn: Connection) -> None:
-    """Leave the connection idle for the pool; a broken one is discarded by the pool instead."""
-    try:
-        if conn.info.transaction_status != TransactionStatus.IDLE:
-            await conn.rollback()
-    except psycopg.Error:
-        pass
-
-
-@contextmanager
-def _database_errors() -> Iterator[None]:
-    """Translate the SQLSTATEs the store raises on purpose; anything else is a server fault."""
-    try:
-        yield
-    except psycopg.Error as error:
-        state = error.sqlstate
-        if state == _LOCK_NOT_AVAILABLE:
-            raise ConversationBusyError() from error
-        if state in _CONFLICT_STATES:
-            raise TurnConflictError() from error
-        if state == "BS404":
-            raise NotFoundError() from error
-        if state == "BS410":
-            raise AgentRunInactiveError() from error
-        raise
-
-
 async def _resolved(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
-
-
-def _single(row: tuple[Any, ...] | None) -> Any:
-    assert row is not None
-    return row[0]
-
-
-def _answers_approvals(plan: HistoryWrites) -> bool:
-    """Whether the claim changes a stored assistant message: only approval answers do."""
-    return any(write["replace"] and write["message"].get("role") == "assistant" for write in plan.writes)

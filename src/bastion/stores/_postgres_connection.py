@@ -1,0 +1,82 @@
+"""Postgres connections of the store: one pipelined transaction per call as its caller, and the
+SQLSTATEs the migrations raise on purpose translated into the store's errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Final, TypeAlias
+
+from bastion._extras import missing_extra
+
+try:
+    import psycopg
+    from psycopg.pq import TransactionStatus
+    from psycopg.rows import TupleRow
+    from psycopg_pool import AsyncConnectionPool
+except ImportError as error:
+    raise missing_extra("bastion.stores.PostgresStore", "postgres", error) from error
+
+from bastion.persistence import AgentRunInactiveError
+from bastion.stores.errors import ConversationBusyError, NotFoundError, TurnConflictError
+
+__all__ = ["Connection", "Pool", "caller_transaction", "database_errors", "single_value"]
+
+Connection: TypeAlias = psycopg.AsyncConnection[TupleRow]
+Pool: TypeAlias = AsyncConnectionPool[Connection]
+
+# SQLSTATEs raised on purpose by the migrations' functions, and the ones a race produces.
+_CONFLICT_STATES: Final = frozenset({"BS409", "23505"})
+_LOCK_NOT_AVAILABLE: Final = "55P03"
+
+
+@asynccontextmanager
+async def caller_transaction(
+    pool: Pool, set_caller: str, params: tuple[Any, ...]
+) -> AsyncIterator[Connection]:
+    """One pipelined transaction that first runs `set_caller` (a `set_config(..., true)` statement), so the
+    caller's role and claims last exactly as long as the transaction on a pooled connection."""
+    async with pool.connection() as conn:
+        if not conn.autocommit:
+            await conn.set_autocommit(True)
+        try:
+            async with conn.pipeline():
+                await conn.execute("begin")
+                await conn.execute(set_caller, params)
+                yield conn
+                await conn.execute("commit")
+        except BaseException:
+            await _rollback(conn)
+            raise
+
+
+async def _rollback(conn: Connection) -> None:
+    """Leave the connection idle for the pool; a broken one is discarded by the pool instead."""
+    try:
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            await conn.rollback()
+    except psycopg.Error:
+        pass
+
+
+@contextmanager
+def database_errors() -> Iterator[None]:
+    """Translate the SQLSTATEs the store raises on purpose; anything else is a server fault."""
+    try:
+        yield
+    except psycopg.Error as error:
+        state = error.sqlstate
+        if state == _LOCK_NOT_AVAILABLE:
+            raise ConversationBusyError() from error
+        if state in _CONFLICT_STATES:
+            raise TurnConflictError() from error
+        if state == "BS404":
+            raise NotFoundError() from error
+        if state == "BS410":
+            raise AgentRunInactiveError() from error
+        raise
+
+
+def single_value(row: tuple[Any, ...] | None) -> Any:
+    assert row is not None
+    return row[0]

@@ -1,0 +1,420 @@
+"""`PostgresAgentPersistence`: the `AgentPersistence` a turn runs through on the Postgres store.
+
+A claim, a tool operation and a turn's end are each one pipelined transaction through the store's
+security-definer functions, as the caller; a turn's tail is cached between turns (`TailCache`), so
+a conversation's next turn usually costs a single round trip to claim.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from bastion._extras import missing_extra
+
+try:
+    import psycopg
+    from psycopg.rows import TupleRow
+    from psycopg.types.json import Jsonb
+except ImportError as error:
+    raise missing_extra("bastion.stores.PostgresStore", "postgres", error) from error
+
+from bastion.approvals import CanRespondToApproval
+from bastion.history import AgentHistoryConflictError, reconcile_agent_messages
+from bastion.persistence import (
+    RunInput,
+    RunOutcome,
+    RunStart,
+    ToolOperation,
+)
+from bastion.stores._leases import DEFAULT_LEASE_SECONDS
+from bastion.stores._postgres_connection import Connection, database_errors, single_value
+from bastion.stores._tail_cache import (
+    CachedTail,
+    TailKey,
+    claimed_tail,
+    finished_tail,
+    loaded_tail,
+    tail_key,
+)
+from bastion.stores._turns import (
+    CheckedOperation,
+    HistoryWrites,
+    TurnPersistence,
+    approval_request_events,
+    approval_response_events,
+    browser_message_ids,
+    check_response,
+    pending_approval_ids,
+    plan_history_writes,
+    recordable,
+    run_event,
+    run_status,
+)
+from bastion.stores.entities import (
+    TurnContext,
+    TurnState,
+)
+from bastion.stores.errors import (
+    ConversationBusyError,
+    NotFoundError,
+    ToolOperationConflictError,
+    ToolOperationMismatchError,
+    ToolOperationUncertainError,
+    TurnConflictError,
+)
+
+if TYPE_CHECKING:
+    from bastion.stores.postgres import PostgresStore
+
+__all__ = ["PostgresAgentPersistence"]
+
+
+class PostgresAgentPersistence(TurnPersistence):
+    """Turns stored in Postgres: claims with revisions and leases, exactly-once tool operations, events.
+
+    - `start_run` (two round trips, one transaction): lock the conversation without waiting, load
+      its stored tail, reconcile the browser's messages, claim the turn and write what changed.
+      The model gets the last `history_window` messages of the canonical history. A later turn
+      takes one round trip when this process remembers the tail its previous claim or finish left
+      (per identity and conversation): it reconciles against that tail, and the database claims
+      only if the revision is unchanged, the browser names no stored message the tail lacks, no
+      live run holds the conversation and the request id is new. A stale tail changes nothing and
+      costs a fresh load; any error forgets the tail.
+    - `execute_tool` (one round trip): claim the call before its side effect; the results of this
+      run's earlier calls are recorded in the same trip (or by `finish_run`).
+    - `finish_run` (one round trip): fenced by run id and idempotent; appends (or replaces, when
+      continuing it) only the response message and releases the claim.
+
+    A run holds its claim for `lease_seconds` (30 s by default), renewed while this process runs
+    it; a newer turn replaces a run whose lease expired, or whose process provably died (its
+    worker lock is free), and records it as interrupted. A conversation a live turn holds is
+    refused with `ConversationBusyError`, which carries `Retry-After`.
+
+    A run a durable workflow runs (`bastion.durable`) is marked durable once its workflow exists
+    (`mark_durable`): it is not replaced when its process dies, since a live process adopts it
+    (`adopt_run`) and finishes it; only its lease running out frees its conversation then.
+    """
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        *,
+        history_window: int = 100,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        can_respond_to_approval: CanRespondToApproval[TurnContext] | None = None,
+    ) -> None:
+        super().__init__(
+            history_window=history_window,
+            lease_seconds=lease_seconds,
+            can_respond_to_approval=can_respond_to_approval,
+        )
+        self._store = store
+        self._tails = store._tails
+
+    async def mark_durable(self, context: TurnContext, state: TurnState) -> bool:
+        """Mark the run durable, once a durable workflow runs it (one round trip): from now on it waits
+        for its take-over when its process dies instead of being replaced. False when it no longer runs."""
+        with database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                cursor = await conn.execute("select bastion.mark_run_durable(%s)", (state.run_id,))
+            return bool(single_value(await cursor.fetchone()))
+
+    async def adopt_run(self, context: TurnContext, state: TurnState) -> bool:
+        """Take over the run of a durable workflow whose process died: this process runs it from now on
+        (and the run is durable, if its process died before marking it).
+
+        One round trip. False, and nothing changes, when the run is no longer the conversation's
+        running turn (it was settled or replaced meanwhile) or its process is still alive. Operations
+        the dead process left in flight are settled as failed: their outcome is unknown, so running
+        them again is refused unless the tool is idempotent.
+        """
+        await self._store._hold_worker_lock()
+        with database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                cursor = await conn.execute(
+                    "select bastion.adopt_run(%s, %s, %s)",
+                    (state.run_id, self._store.worker_key, self._lease_seconds),
+                )
+            adopted = bool(single_value(await cursor.fetchone()))
+        self._tails.evict(tail_key(context.identity, state.conversation_id))
+        if adopted:
+            self._store._leases.hold(state.run_id, self._lease_seconds)
+        return adopted
+
+    async def record_tool_results(self, context: TurnContext, state: TurnState) -> None:
+        """Write the results of this run's finished operations now, not with its next write (a
+        durable turn does so before each model request, so a replayed request never saw a result
+        the store lacks)."""
+        results = list(state.unrecorded_results)
+        if not results:
+            return
+        with database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                await conn.execute(
+                    "select bastion.record_run_results(%s, %s, %s)",
+                    (state.conversation_id, state.run_id, Jsonb(recordable(results))),
+                )
+        del state.unrecorded_results[: len(results)]
+
+    async def start_run(self, context: TurnContext, input: RunInput) -> RunStart[TurnState]:
+        key = tail_key(context.identity, context.conversation_id)
+        cached = self._tails.get(key)
+        await self._store._hold_worker_lock()
+        try:
+            if cached is not None:
+                start = await self._claim_from_cache(context, input, key, cached)
+                if start is not None:
+                    return start
+            return await self._claim_after_load(context, input, key)
+        except BaseException:
+            self._tails.evict(key)
+            raise
+
+    async def _claim_from_cache(
+        self, context: TurnContext, input: RunInput, key: TailKey, cached: CachedTail
+    ) -> RunStart[TurnState] | None:
+        """One round trip: reconcile against the remembered tail, then claim only if it is still current.
+
+        Returns None when the remembered tail cannot serve this turn or turns out stale; the caller
+        then loads afresh, so a refusal here is never final (a forged window is refused there). No
+        callback runs here: a turn that answers approvals under a policy takes the locked path, so
+        the policy is asked once, while the stored history cannot change.
+        """
+        if cached.incarnation is None or not cached.covers_window(self._window):
+            return None
+        if context.expected_revision is not None and context.expected_revision != cached.revision:
+            return None
+        tail = list(cached.rows)
+        try:
+            history = await reconcile_agent_messages(
+                [message for _, message in tail], input.messages, trigger=input.trigger
+            )
+        except AgentHistoryConflictError:
+            return None
+        plan = plan_history_writes(tail, history, last_seq=cached.last_seq)
+        if self._can_respond is not None and _answers_approvals(plan):
+            return None
+        known = cached.ids()
+        uncached = [
+            message_id for message_id in browser_message_ids(input.messages) if message_id not in known
+        ]
+        run_id = str(uuid.uuid4())
+        with database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                cursor = await self._execute_claim(
+                    conn, context, run_id, cached, plan, tail, history, uncached_ids=uncached
+                )
+            claimed = single_value(await cursor.fetchone())
+        if claimed["outcome"] == "stale":
+            return None
+        return self._claimed(key, run_id, cached, plan, history, claimed)
+
+    async def _claim_after_load(
+        self, context: TurnContext, input: RunInput, key: TailKey
+    ) -> RunStart[TurnState]:
+        """Two round trips: load the stored tail under the conversation's lock, then claim."""
+        run_id = str(uuid.uuid4())
+        with database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                cursor = await conn.execute(
+                    "select bastion.load_turn(%s, %s, %s, %s)",
+                    (
+                        context.conversation_id,
+                        context.request_id,
+                        browser_message_ids(input.messages),
+                        self._window,
+                    ),
+                )
+                loaded = single_value(await cursor.fetchone())
+                if loaded is None:
+                    raise NotFoundError()
+                revision = loaded["revision"]
+                stale = context.expected_revision is not None and context.expected_revision != revision
+                if loaded["busy"]:
+                    raise ConversationBusyError(loaded["retry_after"])
+                if loaded["repeated_request"] or stale:
+                    raise TurnConflictError()
+                tail = [(seq, message) for seq, message in loaded["messages"]]
+                base = loaded_tail(revision, loaded["last_seq"], tail)
+                history = await self._reconcile([message for _, message in tail], input, context)
+                plan = plan_history_writes(tail, history, last_seq=base.last_seq)
+                cursor = await self._execute_claim(conn, context, run_id, base, plan, tail, history)
+            claimed = single_value(await cursor.fetchone())
+        return self._claimed(key, run_id, base, plan, history, claimed)
+
+    async def _execute_claim(
+        self,
+        conn: Connection,
+        context: TurnContext,
+        run_id: str,
+        base: CachedTail,
+        plan: HistoryWrites,
+        tail: list[tuple[int, dict[str, Any]]],
+        history: list[dict[str, Any]],
+        *,
+        uncached_ids: list[str] | None = None,
+    ) -> psycopg.AsyncCursor[TupleRow]:
+        """Queue `bastion.claim_turn`: the writes of `plan`, if the conversation is still at `base`."""
+        events = [run_event(run_id, "started"), *approval_response_events(tail, history)]
+        return await conn.execute(
+            "select bastion.claim_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (
+                context.conversation_id,
+                run_id,
+                context.request_id,
+                base.revision,
+                base.incarnation,
+                uncached_ids or [],
+                self._store.worker_key,
+                self._lease_seconds,
+                plan.truncate_after,
+                Jsonb(plan.writes),
+                Jsonb(events),
+            ),
+        )
+
+    def _claimed(
+        self,
+        key: TailKey,
+        run_id: str,
+        base: CachedTail,
+        plan: HistoryWrites,
+        history: list[dict[str, Any]],
+        claimed: dict[str, Any],
+    ) -> RunStart[TurnState]:
+        """The started run, remembering the tail the claim left for the conversation's next turn."""
+        if claimed["outcome"] == "busy":
+            raise ConversationBusyError(claimed["retry_after"])
+        if claimed["outcome"] != "claimed":
+            raise TurnConflictError()
+        revision = claimed["revision"]
+        written_from = min((write["seq"] for write in plan.writes), default=None)
+        written = [(seq, message) for seq, message in claimed["rows"]]
+        after = claimed_tail(
+            base,
+            truncate_after=plan.truncate_after,
+            written_from=written_from,
+            revision=revision,
+            last_seq=claimed["last_seq"],
+            written=written,
+            incarnation=claimed["incarnation"],
+        )
+        self._tails.put(key, after)
+        self._store._leases.hold(run_id, self._lease_seconds)
+        state = TurnState(
+            conversation_id=key[2],
+            run_id=run_id,
+            revision=revision,
+            pending_approval_ids=pending_approval_ids(history),
+        )
+        return RunStart(messages=history[-self._window :], state=state, operation_scope=run_id)
+
+    async def execute_tool(self, context: TurnContext, state: TurnState, operation: ToolOperation) -> Any:
+        checked = self._checked_operation(state, operation)
+        replayed, output = self._replayed(state, checked)
+        if replayed:
+            return output
+        results = list(state.unrecorded_results)
+        state.running_tool_calls.add(checked.key)
+        claimed = False
+        try:
+            claim = await self._claim_tool(context, state, checked, results)
+            del state.unrecorded_results[: len(results)]
+            outcome = claim["outcome"]
+            if outcome == "completed":
+                return claim["output"]
+            if outcome == "in_flight":
+                raise ToolOperationConflictError()
+            if outcome == "mismatch":
+                raise ToolOperationMismatchError()
+            if outcome != "claimed":
+                raise ToolOperationUncertainError()
+            claimed = True
+            return await self._execute(state, operation, checked)
+        finally:
+            if not claimed:
+                state.running_tool_calls.discard(checked.key)
+
+    async def _claim_tool(
+        self, context: TurnContext, state: TurnState, checked: CheckedOperation, results: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """One round trip: record this run's earlier results and claim the operation."""
+        try:
+            with database_errors():
+                async with self._store.transaction(context.identity) as conn:
+                    cursor = await conn.execute(
+                        "select bastion.claim_tool(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                        (
+                            state.conversation_id,
+                            state.run_id,
+                            checked.key,
+                            checked.call_id,
+                            checked.name,
+                            Jsonb(checked.input),
+                            checked.idempotent,
+                            self._lease_seconds,
+                            Jsonb(recordable(results)),
+                        ),
+                    )
+                claim: dict[str, Any] = single_value(await cursor.fetchone())
+        except BaseException:
+            self._tails.evict(tail_key(context.identity, state.conversation_id))
+            raise
+        return claim
+
+    async def finish_run(self, context: TurnContext, state: TurnState, outcome: RunOutcome) -> None:
+        message = outcome.response_message
+        if message is not None:
+            check_response(message)
+        status = run_status(outcome.status, message)
+        events = [
+            *approval_request_events(message, known=state.pending_approval_ids),
+            run_event(state.run_id, status, message),
+        ]
+        results = list(state.unrecorded_results)
+        key = tail_key(context.identity, state.conversation_id)
+        self._store._leases.release(state.run_id)
+        try:
+            with database_errors():
+                async with self._store.transaction(context.identity) as conn:
+                    cursor = await conn.execute(
+                        "select bastion.close_turn(%s, %s, %s, %s, %s, %s)",
+                        (
+                            state.conversation_id,
+                            state.run_id,
+                            status,
+                            Jsonb(message) if message is not None else None,
+                            Jsonb(recordable(results)),
+                            Jsonb(events),
+                        ),
+                    )
+                closed = single_value(await cursor.fetchone())
+        except BaseException:
+            self._tails.evict(key)
+            raise
+        del state.unrecorded_results[: len(results)]
+        self._remember_finish(key, state, closed)
+
+    def _remember_finish(self, key: TailKey, state: TurnState, closed: dict[str, Any]) -> None:
+        """Advance the remembered tail past this run's own finish; anything else forgets it."""
+        before = self._tails.get(key)
+        if before is None:
+            return
+        if (
+            not closed["saved"]
+            or before.revision != state.revision
+            or closed["revision"] != state.revision + 1
+        ):
+            self._tails.evict(key)
+            return
+        row = closed["row"]
+        saved = (row[0], row[1]) if row is not None else None
+        self._tails.put(
+            key, finished_tail(before, revision=closed["revision"], last_seq=closed["last_seq"], saved=saved)
+        )
+
+
+def _answers_approvals(plan: HistoryWrites) -> bool:
+    """Whether the claim changes a stored assistant message: only approval answers do."""
+    return any(write["replace"] and write["message"].get("role") == "assistant" for write in plan.writes)
