@@ -5,14 +5,18 @@ approval continuation, as the workflow `bastion.turn` with the id `bastion.turn:
 Its input is plain data: the endpoint's name, the verified principal, the conversation, request and
 run ids, the run's state, the messages the turn runs on and the response message's id.
 
-- The fast path has no queue: the POST claims the run as before, then starts the workflow in this
-  process. The workflow body finds the turn the HTTP response is attached to (registered under its
-  id) and runs it there, so the first execution streams to the client exactly as a plain turn does.
-- Each model request is a DBOS step (`bastion.turn.model_request`): its body streams the provider
-  live and returns the response and the chunks it produced; a replayed step re-yields those chunks
-  without asking the model again. Tools are not steps: their exactly-once guarantee stays the
-  operation claim (`AgentRun.execute_tool`), which replays a completed call's stored output and
-  refuses one whose outcome is unknown (unless the tool is idempotent).
+- The fast path has no queue and does not wait on DBOS: the POST claims the run as before and the
+  turn streams in the response's task at once, while the workflow's row is written beside it. The
+  workflow's body finds the turn's step recorder (registered under its id) and records the model
+  requests the turn hands it, ending with the turn; the stream log's next write then marks the run
+  durable.
+- Each model request is a DBOS step (`bastion.turn.model_request`) whose output is the response and
+  the chunks it produced. A first execution records it when it ends, and only what depends on it
+  waits for the record: its tools' side effects and the turn's save. A taken-over execution runs each
+  request as the step's body, so a recorded one re-yields its chunks without asking the model again.
+  Tools are not steps: their exactly-once guarantee stays the operation claim
+  (`AgentRun.execute_tool`), which replays a completed call's stored output and refuses one whose
+  outcome is unknown (unless the tool is idempotent).
 - When the process dies, another process's janitor (`DurableEngine`) hands the workflow to a live
   process. Finding no local turn, the body rebuilds it from its input (principal, `ChatTurn`, the
   context factory, `agent.prepare`, `session.stream`), adopts the run (`adopt_run`: only while the
