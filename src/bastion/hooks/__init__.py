@@ -24,12 +24,13 @@ from bastion.hooks.outbox import (
     apply_hooks_migrations,
     hook_migrations,
 )
-from bastion.hooks.registry import Hook, HookHandler, HookRegistry, RetryPolicy, define_hook
+from bastion.hooks.registry import BatchHandler, Hook, HookHandler, HookRegistry, RetryPolicy, define_hook
 from bastion.hooks.sessions import PERSIST_SESSIONS_EVENTS, persist_sessions
 
 __all__ = [
     "EVENT_TYPES",
     "PERSIST_SESSIONS_EVENTS",
+    "BatchHandler",
     "EventWindow",
     "Hook",
     "HookDelivery",

@@ -1,23 +1,28 @@
 """Delivery of the outbox to hooks on DBOS queues, so a dead worker's deliveries are finished by a live one.
 
 Each process runs a dispatcher: woken by the outbox's notifications (channel `bastion_hooks`) and
-polling slowly as well, it takes each hook's next events and enqueues, per conversation among
-them, one workflow delivering those events in order, with the id
+polling slowly as well, it takes each hook's next events and enqueues one workflow delivering all of
+them, grouped by conversation in order, with the id
 `bastion.hook:{hook}:{first event id}-{last event id}` (zero-padded, so ids sort in event order; a
 replay adds `:r{generation}`), then moves the hook's position. Enqueuing an id again is a no-op, so
 a dispatcher that dies between the enqueue and the move loses nothing: the next one enqueues the
 same batch again, or (if more events arrived meanwhile) a longer one, whose events already handed
-over are delivered a second time — at least once, as always. One workflow per batch rather than per
-event keeps a busy conversation's deliveries from queueing behind one another.
+over are delivered a second time — at least once, as always. A hook's batches run one at a time, in
+order; while one waits to run the dispatcher leaves that hook's new events in the outbox, so a busy
+system hands them over in fewer, larger batches (each workflow costs DBOS a few transactions
+however many events it carries), at the cost of the wait for the batch ahead.
 
-Each hook has a queue of its own (`bastion.hooks.{hook}`), partitioned by conversation with one
-delivery at a time per partition: a hook sees a conversation's events in order, and a slow or
-broken hook holds up only its own deliveries, never a turn (turns only write the outbox) nor
-another hook. A delivery calls the hook in one step per attempt, waiting with a durable sleep
-between attempts (the hook's `RetryPolicy`); every failed attempt is recorded for the operator,
-and after the last one the delivery gives up on that event and goes on (`replay` delivers it
-again). A step calls the hook with the batch's events in order until one fails, so a healthy
-batch costs one step.
+Each hook has a queue of its own (`bastion.hooks.{hook}`), partitioned with one delivery at a time
+per partition: the batches share one partition, and a conversation set aside has its own. A batch
+calls the hook in one step with each conversation's events in order; when an event fails (and may be
+retried), the batch sets that conversation aside: it records a hold and enqueues a delivery of the
+conversation's remaining events in the conversation's partition, which retries the failed event with
+a durable sleep between attempts (the hook's `RetryPolicy`) before the next, then releases the hold.
+Later batches hand a held conversation's events to its partition too, so they stay in order behind
+the retried one, while the hook's other conversations go on in the batches: a broken event holds up
+only its own conversation of its own hook, never a turn (turns only write the outbox), another hook
+or another conversation. Every failed attempt is recorded for the operator; after the last one the
+delivery gives up on that event and goes on (`replay` delivers it again).
 
 DBOS records a step's outcome after it returns, so a worker killed after the hook acted and before
 that record makes the next worker call the hook again with the step's events: delivery is at least
@@ -37,6 +42,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
 from bastion.durable import DurableEngine
+from bastion.hooks.events import HookEvent
 from bastion.hooks.outbox import PostgresHookOutbox
 from bastion.hooks.registry import Hook, HookRegistry
 
@@ -49,6 +55,8 @@ Pool: TypeAlias = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
 CHANNEL: Final = "bastion_hooks"
 _BEHIND_RETRY: Final = 0.02
+# Conversations of a batch a hook without `handle_batch` is called for at once (each in order).
+_CONVERSATIONS_AT_ONCE: Final = 8
 _active: HookDelivery | None = None
 
 
@@ -67,6 +75,31 @@ def _delivery() -> HookDelivery:
     return _active
 
 
+# A hook's batches share this partition of its queue; conversations' partitions are their UUIDs.
+_BATCHES: Final = "~batches"
+
+Batch: TypeAlias = list[tuple[str, list[int]]]
+SetAside: TypeAlias = tuple[str, list[int], int]
+Aside: TypeAlias = list[SetAside]
+
+
+@DBOS.step(name="bastion.hooks.deliver_batch")
+async def _attempt_batch(hook: str, batch: Batch, generation: int) -> Aside:
+    """Call the hook with each conversation's events in order; returns the conversations set aside,
+    each with its events not yet delivered and how many times the first was tried."""
+    return await _delivery().attempt_batch(hook, batch, generation)
+
+
+@DBOS.step(name="bastion.hooks.hold")
+async def _hold(hook: str, deliveries: list[tuple[str, str]]) -> None:
+    await _delivery().outbox.hold(hook, deliveries)
+
+
+@DBOS.step(name="bastion.hooks.release")
+async def _release(hook: str, conversation: str, workflow_id: str) -> None:
+    await _delivery().outbox.release(hook, conversation, workflow_id)
+
+
 @DBOS.step(name="bastion.hooks.attempt")
 async def _attempt(hook: str, event_ids: list[int], generation: int, attempt: int) -> tuple[int, str | None]:
     """Call the hook with each event in order until one fails (the first on its `attempt`th try, the
@@ -75,12 +108,33 @@ async def _attempt(hook: str, event_ids: list[int], generation: int, attempt: in
     return await delivery.attempt(hook, event_ids, generation, attempt)
 
 
+@DBOS.workflow(name="bastion.hooks.deliver_batch")
+async def _deliver_batch(hook: str, batch: Batch, generation: int) -> int:
+    """Deliver a batch of the hook's events, setting aside each conversation one of whose events
+    failed or that is held already; returns how many conversations were set aside."""
+    aside = await _attempt_batch(hook, batch, generation)
+    if not aside:
+        return 0
+    own = DBOS.workflow_id or ""
+    lanes = [(conversation, f"{own}:c{conversation}") for conversation, _, _ in aside]
+    await _hold(hook, lanes)
+    for (conversation, event_ids, tried), (_, lane) in zip(aside, lanes, strict=True):
+        with SetWorkflowID(lane), SetEnqueueOptions(queue_partition_key=conversation):
+            await DBOS.enqueue_workflow_async(
+                hook_queue_name(hook), _deliver, hook, conversation, event_ids, generation, tried
+            )
+    return len(aside)
+
+
 @DBOS.workflow(name="bastion.hooks.deliver")
-async def _deliver(hook: str, event_ids: list[int], generation: int) -> int:
-    """Deliver one conversation's events to `hook` in order, a failing one retried by the hook's policy
-    before the next; returns how many were given up."""
+async def _deliver(hook: str, conversation: str, event_ids: list[int], generation: int, tried: int) -> int:
+    """Deliver one conversation's events set aside to `hook` in order (the first tried `tried` times
+    already), a failing one retried by the hook's policy before the next, then release the
+    conversation's hold; returns how many were given up."""
     policy = _delivery().hook(hook).retry
-    remaining, attempt, given_up = list(event_ids), 1, 0
+    remaining, attempt, given_up = list(event_ids), tried + 1, 0
+    if tried:
+        await DBOS.sleep_async(policy.delay(tried))
     while remaining:
         done, error = await _attempt(hook, remaining, generation, attempt)
         if done:
@@ -93,6 +147,7 @@ async def _deliver(hook: str, event_ids: list[int], generation: int) -> int:
             continue
         await DBOS.sleep_async(policy.delay(attempt))
         attempt += 1
+    await _release(hook, conversation, DBOS.workflow_id or "")
     return given_up
 
 
@@ -115,6 +170,7 @@ class HookDelivery:
         batch_size: int = 200,
     ) -> None:
         self.engine = engine
+        self._pool = pool
         self.outbox: Final = PostgresHookOutbox(pool)
         self.hooks: Final = hooks
         self._listen_conninfo = listen_conninfo
@@ -182,15 +238,19 @@ class HookDelivery:
         enqueued = 0
         self._behind = False
         for hook in self.hooks:
+            if await self._batch_waiting(hook.name):
+                self._behind = True  # hand the new events over with what follows, once the batch ahead runs
+                continue
             async with self.outbox.window(hook.name, limit=self._batch) as taken:
                 if taken is None:
                     continue
                 conn, window = taken
-                batches: dict[str, list[int]] = {}
+                batch: dict[str, list[int]] = {}
                 for event in window.events:
-                    batches.setdefault(event.conversation_id, []).append(event.id)
-                for conversation, event_ids in batches.items():
-                    await self._enqueue(hook, conversation, event_ids, window.generation)
+                    batch.setdefault(event.conversation_id, []).append(event.id)
+                if batch:
+                    first, last = window.events[0].id, window.events[-1].id
+                    await self._enqueue(hook, first, last, batch, window.generation)
                     enqueued += 1
                 if window.position is not None:
                     await self.outbox.advance(conn, hook.name, window.position)
@@ -199,14 +259,59 @@ class HookDelivery:
                 self._behind = self._behind or window.behind
         return enqueued
 
-    async def _enqueue(self, hook: Hook, conversation: str, event_ids: list[int], generation: int) -> None:
+    async def _batch_waiting(self, hook: str) -> bool:
+        """Whether one of the hook's batches is enqueued and not yet running."""
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(
+                "select exists (select 1 from dbos.workflow_status where queue_name = %s"
+                " and queue_partition_key = %s and status = 'ENQUEUED')",
+                (hook_queue_name(hook), _BATCHES),
+            )
+            row = await cursor.fetchone()
+        return bool(row and row[0])
+
+    async def _enqueue(
+        self, hook: Hook, first: int, last: int, batch: dict[str, list[int]], generation: int
+    ) -> None:
         with (
-            SetWorkflowID(delivery_workflow_id(hook.name, event_ids[0], event_ids[-1], generation)),
-            SetEnqueueOptions(queue_partition_key=conversation),
+            SetWorkflowID(delivery_workflow_id(hook.name, first, last, generation)),
+            SetEnqueueOptions(queue_partition_key=_BATCHES),
         ):
             await DBOS.enqueue_workflow_async(
-                hook_queue_name(hook.name), _deliver, hook.name, event_ids, generation
+                hook_queue_name(hook.name), _deliver_batch, hook.name, list(batch.items()), generation
             )
+
+    async def attempt_batch(self, hook_name: str, batch: Batch, generation: int) -> Aside:
+        hook = self.hook(hook_name)
+        held = await self.outbox.held(hook_name, [conversation for conversation, _ in batch])
+        aside: Aside = [(conversation, ids, 0) for conversation, ids in batch if conversation in held]
+        batch = [(conversation, ids) for conversation, ids in batch if conversation not in held]
+        events = await self.outbox.events([event_id for _, ids in batch for event_id in ids])
+        if hook.handle_batch is not None and events:
+            in_order = [events[event_id] for _, ids in batch for event_id in ids if event_id in events]
+            try:
+                await asyncio.wait_for(hook.handle_batch(in_order), hook.timeout)
+                return aside
+            except Exception:
+                logger.info(
+                    "Hook %s failed on a batch; delivering it event by event.", hook_name, exc_info=True
+                )
+        gate = asyncio.Semaphore(_CONVERSATIONS_AT_ONCE)
+
+        async def conversation_of(
+            conversation: str, event_ids: list[int]
+        ) -> tuple[str, list[int], int] | None:
+            async with gate:
+                for index, event_id in enumerate(event_ids):
+                    event = events.get(event_id)
+                    if event is None:
+                        continue  # no longer in the outbox: nothing to deliver
+                    if await self._call(hook, event, generation, 1) and hook.retry.max_attempts > 1:
+                        return conversation, event_ids[index:], 1
+            return None
+
+        outcomes = await asyncio.gather(*(conversation_of(c, ids) for c, ids in batch))
+        return aside + [outcome for outcome in outcomes if outcome is not None]
 
     async def attempt(
         self, hook_name: str, event_ids: list[int], generation: int, attempt: int
@@ -218,26 +323,33 @@ class HookDelivery:
             event = events.get(event_id)
             if event is None:
                 continue  # no longer in the outbox: nothing to deliver
-            try:
-                await asyncio.wait_for(hook.handle(event), hook.timeout)
-            except Exception as error:
-                text = f"{type(error).__name__}: {error}"
-                gave_up = tries >= hook.retry.max_attempts
-                logger.warning(
-                    "Hook %s failed on event %s (attempt %s%s).",
-                    hook_name,
-                    event_id,
-                    tries,
-                    ", giving up" if gave_up else "",
-                    exc_info=True,
-                )
-                await self.outbox.record_failure(
-                    event, hook_name, generation, attempt=tries, error=text, gave_up=gave_up
-                )
-                return index, text
+            error = await self._call(hook, event, generation, tries)
+            if error is not None:
+                return index, error
             if tries > 1:
                 await self.outbox.record_delivered(hook_name, event_id, generation)
         return len(event_ids), None
+
+    async def _call(self, hook: Hook, event: HookEvent, generation: int, tries: int) -> str | None:
+        """Call the hook with one event (its `tries`th try); the error, recorded, if it failed."""
+        try:
+            await asyncio.wait_for(hook.handle(event), hook.timeout)
+        except Exception as error:
+            text = f"{type(error).__name__}: {error}"
+            gave_up = tries >= hook.retry.max_attempts
+            logger.warning(
+                "Hook %s failed on event %s (attempt %s%s).",
+                hook.name,
+                event.id,
+                tries,
+                ", giving up" if gave_up else "",
+                exc_info=True,
+            )
+            await self.outbox.record_failure(
+                event, hook.name, generation, attempt=tries, error=text, gave_up=gave_up
+            )
+            return text
+        return None
 
     async def _dispatch_forever(self) -> None:
         while True:

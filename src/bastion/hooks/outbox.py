@@ -211,6 +211,35 @@ class PostgresHookOutbox:
             rows = await cursor.fetchall()
         return {row[0]: _event(row) for row in rows}
 
+    async def held(self, hook: str, conversations: list[str]) -> set[str]:
+        """Those of `conversations` whose events `hook` delivers aside, behind one being retried."""
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute(
+                "select distinct conversation_id::text from bastion.hook_holds"
+                " where hook = %s and conversation_id = any(%s::uuid[])",
+                (hook, conversations),
+            )
+            rows = await cursor.fetchall()
+        return {row[0] for row in rows}
+
+    async def hold(self, hook: str, deliveries: list[tuple[str, str]]) -> None:
+        """Set these (conversation, delivery workflow id) pairs aside (idempotent)."""
+        async with self._transaction() as conn, conn.cursor() as cursor:
+            await cursor.executemany(
+                "insert into bastion.hook_holds (hook, conversation_id, workflow_id) values (%s, %s, %s)"
+                " on conflict do nothing",
+                [(hook, conversation, workflow_id) for conversation, workflow_id in deliveries],
+            )
+
+    async def release(self, hook: str, conversation: str, workflow_id: str) -> None:
+        """The delivery `workflow_id` set aside for `conversation` is done."""
+        async with self._transaction() as conn:
+            await conn.execute(
+                "delete from bastion.hook_holds"
+                " where hook = %s and conversation_id = %s and workflow_id = %s",
+                (hook, conversation, workflow_id),
+            )
+
     async def record_failure(
         self, event: HookEvent, hook: str, generation: int, *, attempt: int, error: str, gave_up: bool
     ) -> None:

@@ -9,15 +9,16 @@ the event again).
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from bastion.hooks.events import EVENT_TYPES, HookEvent
 
-__all__ = ["Hook", "HookHandler", "HookRegistry", "RetryPolicy", "define_hook"]
+__all__ = ["BatchHandler", "Hook", "HookHandler", "HookRegistry", "RetryPolicy", "define_hook"]
 
 HookHandler = Callable[[HookEvent], Awaitable[None]]
+BatchHandler = Callable[[Sequence[HookEvent]], Awaitable[None]]
 
 _NAME: Final = re.compile(r"[a-z][a-z0-9_.-]{0,99}")
 
@@ -48,11 +49,17 @@ class RetryPolicy:
 class Hook:
     """A named subscriber. `start` is where a newly registered hook begins: the outbox's oldest event
     (`earliest`) or only events written after it is registered (`latest`). An attempt that takes
-    longer than `timeout` seconds fails."""
+    longer than `timeout` seconds fails.
+
+    `handle_batch`, when given, takes a whole batch of events at once (several conversations', each
+    conversation's in order), all or nothing — say in one transaction; delivery then costs a
+    round trip per batch rather than per event. When it raises, the batch falls back to `handle`
+    event by event, which finds the failing event and retries it alone."""
 
     name: str
     events: frozenset[str]
     handle: HookHandler = field(repr=False)
+    handle_batch: BatchHandler | None = field(default=None, repr=False)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     start: Literal["earliest", "latest"] = "latest"
     timeout: float = 60.0
@@ -63,11 +70,13 @@ def define_hook(
     *,
     events: Iterable[str],
     handle: HookHandler,
+    handle_batch: BatchHandler | None = None,
     retry: RetryPolicy | None = None,
     start: Literal["earliest", "latest"] = "latest",
     timeout: float = 60.0,
 ) -> Hook:
-    """A hook named `name` (lower case, digits, `_ . -`) taking `events` (see `EVENT_TYPES`)."""
+    """A hook named `name` (lower case, digits, `_ . -`) taking `events` (see `EVENT_TYPES`), each
+    passed to `handle` (and batches of them to `handle_batch`, if given: see `Hook`)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(
             "A hook name is lower-case letters, digits, '_', '.' or '-', starting with a letter."
@@ -81,7 +90,13 @@ def define_hook(
     if not 0 < timeout <= 3600:
         raise ValueError("timeout is between 0 and 3600 seconds.")
     return Hook(
-        name=name, events=wanted, handle=handle, retry=retry or RetryPolicy(), start=start, timeout=timeout
+        name=name,
+        events=wanted,
+        handle=handle,
+        handle_batch=handle_batch,
+        retry=retry or RetryPolicy(),
+        start=start,
+        timeout=timeout,
     )
 
 

@@ -18,6 +18,7 @@ are skipped. The hook writes as the application server (a member of `bastion_run
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final, TypeAlias
 
 import psycopg
@@ -127,38 +128,53 @@ def persist_sessions(
     It starts from the outbox's oldest event, so conversations since the hooks were installed are
     copied in full."""
 
-    async def handle(event: HookEvent) -> None:
-        if not event.signed_in:
+    async def write(events: Sequence[HookEvent]) -> None:
+        signed_in = [event for event in events if event.signed_in]
+        if not signed_in:
             return
-        chat = chat_id_of(event.conversation_id)
-        params: dict[str, Any] = {
-            "chat": chat,
-            "owner": event.user_id,
-            "tenant": event.tenant_id,
-            "event": event.id,
-            "at": event.created_at,
-        }
+        chats: set[str] = set()
         async with pool.connection() as conn:
             if not conn.autocommit:
                 await conn.set_autocommit(True)
-            async with conn.transaction():
-                await conn.execute(
-                    _CHAT,
-                    (
-                        chat,
-                        event.conversation_id,
-                        event.user_id,
-                        event.tenant_id,
-                        agent_id,
-                        title,
-                        event.created_at,
-                    ),
-                )
-                statement, extra = _write(event)
-                if statement is not None:
-                    await conn.execute(statement, params | extra)
+            async with conn.transaction(), conn.pipeline():
+                for event in signed_in:
+                    chat = chat_id_of(event.conversation_id)
+                    if chat not in chats:
+                        chats.add(chat)
+                        await conn.execute(
+                            _CHAT,
+                            (
+                                chat,
+                                event.conversation_id,
+                                event.user_id,
+                                event.tenant_id,
+                                agent_id,
+                                title,
+                                event.created_at,
+                            ),
+                        )
+                    statement, extra = _write(event)
+                    if statement is not None:
+                        params = {
+                            "chat": chat,
+                            "owner": event.user_id,
+                            "tenant": event.tenant_id,
+                            "event": event.id,
+                            "at": event.created_at,
+                        }
+                        await conn.execute(statement, params | extra)
 
-    return define_hook(name, events=PERSIST_SESSIONS_EVENTS, handle=handle, retry=retry, start="earliest")
+    async def handle(event: HookEvent) -> None:
+        await write([event])
+
+    return define_hook(
+        name,
+        events=PERSIST_SESSIONS_EVENTS,
+        handle=handle,
+        handle_batch=write,
+        retry=retry,
+        start="earliest",
+    )
 
 
 def _write(event: HookEvent) -> tuple[str | None, dict[str, Any]]:
