@@ -6,12 +6,16 @@ in `public.hook_effects` (keyed by the event id, as a real hook keys its writes)
   recording the effect of such an event and before returning, as a worker about to die would.
 - `flaky` fails its first three calls of every event.
 - `broken` always fails, and waits long between attempts.
+- `picky` fails every event of a conversation named in `public.hook_refused`, retrying often.
+- `batcher` takes whole batches (`handle_batch`, each recorded in `public.hook_batches`), failing
+  one with an event of a refused conversation; event by event it is `picky`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -28,8 +32,12 @@ create table if not exists public.hook_effects (
   seq bigint generated always as identity, primary key (hook, event_id)
 );
 create table if not exists public.hook_hold (type text primary key);
-grant select, insert on public.hook_calls, public.hook_effects to bastion_app;
-grant select on public.hook_hold to bastion_app;
+create table if not exists public.hook_refused (conversation_id uuid primary key);
+create table if not exists public.hook_batches (
+  hook text not null, event_ids bigint[] not null, seq bigint generated always as identity
+);
+grant select, insert on public.hook_calls, public.hook_effects, public.hook_batches to bastion_app;
+grant select on public.hook_hold, public.hook_refused to bastion_app;
 """
 
 FAST: RetryPolicy = RetryPolicy(max_attempts=5, first_delay=0.01, backoff_rate=2.0, max_delay=0.05)
@@ -84,6 +92,39 @@ async def broken(event: HookEvent) -> None:
     raise RuntimeError("broken always fails")
 
 
+async def _refused(conn: psycopg.AsyncConnection[Any], conversations: list[str]) -> bool:
+    cursor = await conn.execute(
+        "select 1 from public.hook_refused where conversation_id = any(%s::uuid[])", (conversations,)
+    )
+    return await cursor.fetchone() is not None
+
+
+def _picky(name: str) -> Callable[[HookEvent], Awaitable[None]]:
+    async def picky(event: HookEvent) -> None:
+        async with await psycopg.AsyncConnection.connect(_dsn(), autocommit=True) as conn:
+            await _call(conn, name, event)
+            if await _refused(conn, [event.conversation_id]):
+                raise RuntimeError(f"{name} refuses conversation {event.conversation_id}")
+            await _effect(conn, name, event)
+
+    return picky
+
+
+async def batcher_batch(events: Sequence[HookEvent]) -> None:
+    async with await psycopg.AsyncConnection.connect(_dsn(), autocommit=True) as conn:
+        await conn.execute(
+            "insert into public.hook_batches (hook, event_ids) values ('batcher', %s)",
+            ([e.id for e in events],),
+        )
+        if await _refused(conn, [event.conversation_id for event in events]):
+            raise RuntimeError("batcher refuses a batch with a refused conversation")
+        async with conn.transaction():
+            for event in events:
+                await _effect(conn, "batcher", event)
+
+
+PATIENT: RetryPolicy = RetryPolicy(max_attempts=100, first_delay=0.05, backoff_rate=1.5, max_delay=0.2)
+
 HOOKS: dict[str, Hook] = {
     "recorder": define_hook("recorder", events=EVENT_TYPES, handle=recorder, retry=FAST, start="earliest"),
     "flaky": define_hook("flaky", events=EVENT_TYPES, handle=flaky, retry=FAST, start="earliest"),
@@ -92,6 +133,17 @@ HOOKS: dict[str, Hook] = {
         events=EVENT_TYPES,
         handle=broken,
         retry=RetryPolicy(max_attempts=3, first_delay=30, max_delay=30),
+        start="earliest",
+    ),
+    "picky": define_hook(
+        "picky", events=EVENT_TYPES, handle=_picky("picky"), retry=PATIENT, start="earliest"
+    ),
+    "batcher": define_hook(
+        "batcher",
+        events=EVENT_TYPES,
+        handle=_picky("batcher"),
+        handle_batch=batcher_batch,
+        retry=PATIENT,
         start="earliest",
     ),
 }

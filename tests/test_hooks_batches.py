@@ -1,0 +1,117 @@
+"""Batches: a hook's events of many conversations go out in one delivery workflow, a conversation whose
+event keeps failing is set aside without holding up the hook's other conversations, and a hook that
+takes whole batches falls back to single events when a batch fails."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bastion.stores import PostgresStore, StoreIdentity
+from tests.hook_scenarios import assistant_message, turn, user_message
+from tests.hooks_db import HooksDatabase, someone
+from tests.test_hooks_delivery import (
+    calls,
+    delivering,
+    effects,
+    hook_tables,
+    outbox_ids,
+    per_conversation,
+    until,
+)
+
+__all__ = ["hook_tables"]  # the fixture, shared with the delivery tests
+
+
+async def conversation_of(store: PostgresStore) -> tuple[StoreIdentity, str]:
+    who = someone()
+    return who, (await store.create_conversation(who)).id
+
+
+async def turns(store: PostgresStore, who: StoreIdentity, conversation: str, *labels: str) -> None:
+    for label in labels:
+        await turn(store, who, conversation, [user_message(f"u{label}")], assistant_message(f"a{label}"))
+
+
+def workflows(database: HooksDatabase, hook: str) -> list[tuple[str, str]]:
+    return database.rows(  # type: ignore[return-value]
+        "select workflow_uuid, queue_partition_key from dbos.workflow_status where queue_name = %s",
+        f"bastion.hooks.{hook}",
+    )
+
+
+def of(conversation: str, rows: list[tuple[int, str, str]]) -> list[int]:
+    return [event_id for event_id, _, owner in rows if owner == conversation]
+
+
+async def test_events_of_many_conversations_waiting_in_the_outbox_go_out_in_one_delivery_workflow(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore
+) -> None:
+    database = hook_tables
+    conversations = [await conversation_of(hooks_store) for _ in range(3)]
+    await asyncio.gather(*(turns(hooks_store, who, c, "1", "2") for who, c in conversations))
+    expected = outbox_ids(database)
+    assert len(expected) == 3 * 2 * 4
+    async with delivering(database, hooks_store, "recorder"):
+        await until(lambda: len(effects(database, "recorder")) == len(expected))
+    assert per_conversation(effects(database, "recorder")) == per_conversation(expected)
+    assert set(calls(database, "recorder").values()) == {1}
+    [(workflow, partition)] = workflows(database, "recorder")
+    assert workflow.startswith("bastion.hook:recorder:") and partition == "~batches"
+
+
+async def test_a_conversation_whose_event_keeps_failing_holds_up_only_itself_and_then_goes_on_in_order(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore
+) -> None:
+    database = hook_tables
+    (ada, stuck), (bob, fine) = await conversation_of(hooks_store), await conversation_of(hooks_store)
+    database.execute("insert into public.hook_refused values (%s)", stuck)
+    async with delivering(database, hooks_store, "picky"):
+        await asyncio.gather(turns(hooks_store, ada, stuck, "1"), turns(hooks_store, bob, fine, "1"))
+        await until(lambda: len(effects(database, "picky")) == len(of(fine, outbox_ids(database))))
+        first = of(stuck, outbox_ids(database))[0]
+        await until(lambda: calls(database, "picky").get(first, 0) >= 3)
+        # Later events of both: the fine conversation's are delivered, the stuck one's wait in order.
+        await asyncio.gather(turns(hooks_store, ada, stuck, "2"), turns(hooks_store, bob, fine, "2"))
+        expected = outbox_ids(database)
+        await until(lambda: of(fine, effects(database, "picky")) == of(fine, expected))
+        assert of(stuck, effects(database, "picky")) == []
+        assert set(calls(database, "picky")) == {*of(fine, expected), first}
+        holds = database.rows("select distinct conversation_id::text from bastion.hook_holds")
+        assert holds == [(stuck,)]
+        database.execute("delete from public.hook_refused")
+        await until(lambda: len(effects(database, "picky")) == len(expected))
+        await until(lambda: database.rows("select 1 from bastion.hook_holds") == [])
+    assert per_conversation(effects(database, "picky")) == per_conversation(expected)
+    assert {event_id: count for event_id, count in calls(database, "picky").items() if count > 1} == {
+        first: calls(database, "picky")[first]
+    }
+    [failure] = database.rows(
+        "select event_id, gave_up_at is null, delivered_at is not null from bastion.hook_failures"
+    )
+    assert failure == (first, True, True)
+
+
+async def test_a_hook_taking_whole_batches_gets_one_and_a_failing_batch_falls_back_to_each_event(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore
+) -> None:
+    database = hook_tables
+    (ada, stuck), (bob, fine) = await conversation_of(hooks_store), await conversation_of(hooks_store)
+    await asyncio.gather(turns(hooks_store, ada, stuck, "1"), turns(hooks_store, bob, fine, "1"))
+    before = outbox_ids(database)
+    async with delivering(database, hooks_store, "batcher"):
+        await until(lambda: len(effects(database, "batcher")) == len(before))
+        # Everything waiting went to the hook in one call, in order per conversation, nothing one by one.
+        [(batch,)] = database.rows("select event_ids from public.hook_batches")
+        assert sorted(batch) == [event_id for event_id, _, _ in before]
+        for conversation in (stuck, fine):
+            assert [e for e in batch if e in of(conversation, before)] == of(conversation, before)
+        assert calls(database, "batcher") == {}
+        # A batch with a refused conversation fails as a whole; the others' events go one by one.
+        database.execute("insert into public.hook_refused values (%s)", stuck)
+        await asyncio.gather(turns(hooks_store, ada, stuck, "2"), turns(hooks_store, bob, fine, "2"))
+        expected = outbox_ids(database)
+        await until(lambda: of(fine, effects(database, "batcher")) == of(fine, expected))
+        assert of(stuck, effects(database, "batcher")) == of(stuck, before)
+        database.execute("delete from public.hook_refused")
+        await until(lambda: len(effects(database, "batcher")) == len(expected))
+    assert per_conversation(effects(database, "batcher")) == per_conversation(expected)
