@@ -1,5 +1,5 @@
 """The `bastion` command: `serve` the reference assistant, `migrate` its database, print a `token`, and
-show or replay its event `hooks`."""
+show, replay or prune its event `hooks`."""
 
 from __future__ import annotations
 
@@ -27,12 +27,21 @@ def main(argv: list[str] | None = None) -> int:
     migrate = commands.add_parser("migrate", help="apply the database migrations and exit")
     token = commands.add_parser("token", help="print a development sign-in token for USER")
     token.add_argument("user", help="a user name (letters, digits, dots, dashes, underscores)")
-    hooks = commands.add_parser("hooks", help="list the event hooks' lag and failures, or replay one")
+    hooks = commands.add_parser(
+        "hooks", help="list the event hooks' lag and failures, replay one, or prune the delivered"
+    )
     hooks.add_argument(
-        "action", nargs="?", default="list", choices=("list", "failures", "replay"), help="default: list"
+        "action",
+        nargs="?",
+        default="list",
+        choices=("list", "failures", "replay", "prune"),
+        help="default: list",
     )
     hooks.add_argument("hook", nargs="?", help="the hook to show failures of, or to replay")
     hooks.add_argument("--from", dest="from_event", type=int, help="replay from this event id on")
+    hooks.add_argument(
+        "--older-than", help="prune: events every hook has passed older than this age (30d, 12h, 45m, 90s)"
+    )
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1, or BASTION_HOST)")
     serve.add_argument("--port", type=int, help="port to listen on (default 8000, or BASTION_PORT)")
     migrate.add_argument(
@@ -64,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "migrate":
             return asyncio.run(_migrate(config, grant_app_role=args.grant_app_role))
         if args.command == "hooks":
-            return asyncio.run(_hooks(config, args.action, args.hook, args.from_event))
+            return asyncio.run(_hooks(config, args.action, args.hook, args.from_event, args.older_than))
         return _token(config, args.user)
     except STARTUP_ERRORS as error:
         return fail(error)
@@ -106,15 +115,25 @@ async def _migrate(config: AssistantConfig, *, grant_app_role: bool) -> int:
     return 0
 
 
-async def _hooks(config: AssistantConfig, action: str, hook: str | None, from_event: int | None) -> int:
+async def _hooks(
+    config: AssistantConfig, action: str, hook: str | None, from_event: int | None, older_than: str | None
+) -> int:
     from psycopg_pool import AsyncConnectionPool
 
     from bastion.assistant.database import open_database
-    from bastion.hooks.report import failures_report, replay_hook, status_report
+    from bastion.hooks import HookEventPruned
+    from bastion.hooks.report import failures_report, parse_age, prune_hooks, replay_hook, status_report
 
     if action == "replay" and (hook is None or from_event is None):
         _progress("replay needs a hook and --from EVENT_ID, e.g. bastion hooks replay usage --from 120")
         return 2
+    age = None
+    if action == "prune":
+        try:
+            age = parse_age(older_than or "")
+        except ValueError as error:
+            _progress(f"prune needs --older-than AGE, e.g. bastion hooks prune --older-than 30d ({error})")
+            return 2
     database = await open_database(
         database_url=config.database_url, app_database_url=config.app_database_url, data_dir=config.data_dir
     )
@@ -126,10 +145,16 @@ async def _hooks(config: AssistantConfig, action: str, hook: str | None, from_ev
                 lines = await status_report(pool)
             elif action == "failures":
                 lines = await failures_report(pool, hook)
+            elif action == "prune":
+                assert age is not None
+                lines = [await prune_hooks(pool, database.app_conninfo, age)]
             else:
                 assert hook is not None and from_event is not None
                 try:
                     lines = [await replay_hook(pool, hook, from_event)]
+                except HookEventPruned as error:
+                    _progress(f"{error.code}: {error}")
+                    return 2
                 except LookupError as error:
                     _progress(str(error))
                     return 2

@@ -7,7 +7,8 @@ outbox in Postgres, at least once and in order per conversation, each hook at it
 - `HookDelivery`: this process's dispatcher and the hooks' DBOS queues (on `bastion.durable`).
 - `persist_sessions`: the built-in hook copying conversations into the chat tables
   (`apply_chat_table_migrations`), with `chat_id_of` and `canonical_parts`.
-- `PostgresHookOutbox`: positions, lag, failures and replay, for operators (`bastion hooks`).
+- `PostgresHookOutbox`: positions, lag, failures, replay and retention (`prune`), for operators
+  (`bastion hooks`); `HookEventPruned` (code `hook_event_pruned`) for a replay from a pruned event.
 
 Needs Postgres and the `durable` extra.
 """
@@ -17,9 +18,11 @@ from bastion.hooks.delivery import HookDelivery, delivery_workflow_id, hook_queu
 from bastion.hooks.events import EVENT_TYPES, HookEvent
 from bastion.hooks.outbox import (
     EventWindow,
+    HookEventPruned,
     HookFailure,
     HookStatus,
     PostgresHookOutbox,
+    Pruned,
     apply_chat_table_migrations,
     apply_hooks_migrations,
     hook_migrations,
@@ -35,11 +38,13 @@ __all__ = [
     "Hook",
     "HookDelivery",
     "HookEvent",
+    "HookEventPruned",
     "HookFailure",
     "HookHandler",
     "HookRegistry",
     "HookStatus",
     "PostgresHookOutbox",
+    "Pruned",
     "RetryPolicy",
     "apply_chat_table_migrations",
     "apply_hooks_migrations",

@@ -34,19 +34,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from datetime import UTC, datetime, timedelta
 from typing import Final, TypeAlias
 
 import psycopg
-from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
+from dbos import DBOS, DBOSClient, SetEnqueueOptions, SetWorkflowID
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
-from bastion.durable import DurableEngine
+from bastion.durable import DURABLE_SCHEMA, DurableEngine, system_database_url
 from bastion.hooks.events import HookEvent
 from bastion.hooks.outbox import PostgresHookOutbox
 from bastion.hooks.registry import Hook, HookRegistry
 
-__all__ = ["CHANNEL", "HookDelivery", "delivery_workflow_id", "hook_queue_name", "queued_deliveries"]
+__all__ = [
+    "CHANNEL",
+    "HookDelivery",
+    "delivery_workflow_id",
+    "hook_queue_name",
+    "prune_deliveries",
+    "queued_deliveries",
+]
 
 logger = logging.getLogger("bastion.hooks")
 
@@ -394,6 +402,31 @@ class HookDelivery:
                 await task
         if _active is self:
             _active = None
+
+
+async def prune_deliveries(conninfo: str, hooks: list[str], older_than: timedelta) -> int:
+    """Delete the hooks' delivery workflows that finished more than `older_than` ago from DBOS (its
+    client, on `conninfo` as the application's role); returns how many."""
+    cutoff = (datetime.now(UTC) - older_than).isoformat()
+    client = DBOSClient(system_database_url=system_database_url(conninfo), dbos_system_schema=DURABLE_SCHEMA)
+    try:
+        finished = (
+            await client.list_workflows_async(
+                queue_name=[hook_queue_name(hook) for hook in hooks],
+                status=["SUCCESS", "ERROR", "CANCELLED"],
+                completed_before=cutoff,
+                load_input=False,
+                load_output=False,
+            )
+            if hooks
+            else []
+        )
+        ids = [workflow.workflow_id for workflow in finished]
+        if ids:
+            await client.delete_workflows_async(ids)
+        return len(ids)
+    finally:
+        await asyncio.to_thread(client.destroy)
 
 
 async def queued_deliveries(pool: Pool) -> dict[str, int]:

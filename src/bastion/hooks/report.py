@@ -5,12 +5,17 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Final
 
-from bastion.hooks.delivery import Pool, queued_deliveries
+from bastion.hooks.delivery import Pool, prune_deliveries, queued_deliveries
 from bastion.hooks.outbox import PostgresHookOutbox
 
-__all__ = ["failures_report", "replay_hook", "status_report"]
+__all__ = ["failures_report", "parse_age", "prune_hooks", "replay_hook", "status_report"]
+
+_AGE: Final = re.compile(r"([0-9]{1,6})([smhd])")
+_UNITS: Final = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 _WIDTHS = (10, 6, 8, 7, 9, 8)
 
@@ -63,6 +68,27 @@ async def failures_report(pool: Pool, hook: str | None = None, *, limit: int = 5
 async def replay_hook(pool: Pool, hook: str, from_event_id: int) -> str:
     generation = await PostgresHookOutbox(pool).replay(hook, from_event_id)
     return f"{hook} delivers again from event {from_event_id} on (generation {generation})."
+
+
+def parse_age(text: str) -> timedelta:
+    """An age such as `30d`, `12h`, `45m` or `90s`; ValueError otherwise."""
+    match = _AGE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not an age: a whole number and s, m, h or d, e.g. 7d.")
+    return timedelta(**{_UNITS[match[2]]: int(match[1])})
+
+
+async def prune_hooks(pool: Pool, conninfo: str, older_than: timedelta) -> str:
+    """Delete outbox events older than `older_than` that every hook has passed, their failure records,
+    and the hooks' delivery workflows that finished that long ago."""
+    outbox = PostgresHookOutbox(pool)
+    pruned = await outbox.prune(older_than)
+    hooks = [status.hook for status in await outbox.status()]
+    workflows = await prune_deliveries(conninfo, hooks, older_than)
+    return (
+        f"Pruned {pruned.events} event(s) every hook has passed, {pruned.failures} failure record(s)"
+        f" and {workflows} finished delivery workflow(s), all older than {older_than}."
+    )
 
 
 def _columns(values: tuple[object, ...]) -> str:
