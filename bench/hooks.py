@@ -25,7 +25,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -107,15 +107,13 @@ def own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-@dataclass
 class Costs:
-    """CPU seconds (this process, Postgres) and statements of one configuration's rounds, per turn."""
+    """CPU seconds (this process, Postgres) and statements of one configuration's rounds, per turn.
+    (A plain class: the benchmark tests load this file without registering it as a module.)"""
 
-    turns: int = 0
-    own_cpu: float = 0.0
-    postgres_cpu: float = 0.0
-    statements: int = 0
-    events: int = 0
+    def __init__(self) -> None:
+        self.turns, self.statements, self.events = 0, 0, 0
+        self.own_cpu, self.postgres_cpu = 0.0, 0.0
 
     def add(self, turns: int, own_cpu: float, counters: DatabaseCounters, events: int = 0) -> None:
         self.turns += turns
@@ -129,7 +127,7 @@ class Costs:
         return f"| {label} | {own:.1f} | {server:.1f} | {self.statements / self.turns:.1f} |"
 
 
-async def run(*, users: int, turns: int, rounds: int, top: int) -> list[str]:
+async def run(*, users: int, turns: int, rounds: int, top: int = 0) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="bastion-hooks-bench-") as directory:
         postgres = BenchPostgres(Path(directory))
         try:

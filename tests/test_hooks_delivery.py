@@ -121,6 +121,7 @@ async def test_a_flaky_hook_sees_each_event_once_in_order_and_a_broken_one_holds
         status = {s.hook: s for s in await delivery.outbox.status()}
         assert status["broken"].retrying >= 1 and status["broken"].given_up == 0
         assert status["flaky"].retrying == 0 and status["recorder"].undispatched == 0
+
         # Its deliveries set aside release their conversations once their last event is delivered.
         async def flaky_done() -> bool:
             return (await queued_deliveries(hooks_store.pool)).get("flaky", 0) == 0
