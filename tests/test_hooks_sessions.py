@@ -103,6 +103,34 @@ async def test_the_chat_tables_equal_the_conversation_when_every_event_is_delive
     assert hooks_database.rows("select parent_id from bastion.ai_messages where id = 'a4'") == [("u4",)]
 
 
+async def test_a_batch_of_two_conversations_delivered_twice_in_one_call_copies_each_as_event_by_event(
+    hooks_store: PostgresStore, hooks_database: HooksDatabase
+) -> None:
+    ada, bob = someone(), someone()
+    conversations = [
+        await conversation_of_every_kind(hooks_store, ada),
+        await conversation_of_every_kind(hooks_store, bob),
+    ]
+    hook = persist_sessions(hooks_store.pool, agent_id="support")
+    assert hook.handle_batch is not None
+    events = await every_event(hooks_store)
+    await hook.handle_batch(events)
+    await hook.handle_batch(events)
+    for who, conversation in zip((ada, bob), conversations, strict=True):
+        stored = [m.message for m in await hooks_store.list_messages(who, conversation)]
+        assert chat_path(hooks_database, conversation) == expected_path(stored)
+        runs = hooks_database.rows(
+            "select id::text, status from bastion.runs where conversation_id = %s order by started_at",
+            conversation,
+        )
+        copied = hooks_database.rows(
+            "select id::text, status from bastion.ai_runs where chat_id = %s order by started_at",
+            chat_id_of(conversation),
+        )
+        assert copied == runs and len(runs) == 6
+    assert hooks_database.rows("select count(*), count(active_run_id) from bastion.ai_chats") == [(2, 0)]
+
+
 async def test_a_run_started_delivered_again_after_the_run_finished_opens_no_second_run(
     hooks_store: PostgresStore, hooks_database: HooksDatabase
 ) -> None:

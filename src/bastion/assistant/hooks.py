@@ -3,6 +3,7 @@ per-user usage counter, delivered on this process's durable engine."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final
 
 from bastion.hooks import Hook, HookEvent, HookRegistry, define_hook, persist_sessions
@@ -30,24 +31,32 @@ on conflict (owner_id, tenant_id) do update
 
 
 def usage_counter(store: PostgresStore) -> Hook:
-    """Counts every finished run and its tokens per user and tenant (`assistant.usage`), each event once."""
+    """Counts every finished run and its tokens per user and tenant (`assistant.usage`), each event once;
+    a batch of runs in one transaction."""
+
+    async def count_all(events: Sequence[HookEvent]) -> None:
+        async with store.pool.connection() as conn:
+            if not conn.autocommit:
+                await conn.set_autocommit(True)
+            async with conn.transaction(), conn.pipeline():
+                for event in events:
+                    usage: dict[str, Any] = event.data.get("usage") or {}
+                    await conn.execute(
+                        _COUNT,
+                        {
+                            "event": event.id,
+                            "owner": event.user_id,
+                            "tenant": event.tenant_id,
+                            "input": usage.get("inputTokens", 0),
+                            "output": usage.get("outputTokens", 0),
+                            "total": usage.get("totalTokens", 0),
+                        },
+                    )
 
     async def count(event: HookEvent) -> None:
-        usage: dict[str, Any] = event.data.get("usage") or {}
-        async with store.pool.connection() as conn:
-            await conn.execute(
-                _COUNT,
-                {
-                    "event": event.id,
-                    "owner": event.user_id,
-                    "tenant": event.tenant_id,
-                    "input": usage.get("inputTokens", 0),
-                    "output": usage.get("outputTokens", 0),
-                    "total": usage.get("totalTokens", 0),
-                },
-            )
+        await count_all([event])
 
-    return define_hook("usage", events=FINISHED_RUNS, handle=count, start="earliest")
+    return define_hook("usage", events=FINISHED_RUNS, handle=count, handle_batch=count_all, start="earliest")
 
 
 def assistant_hooks(store: PostgresStore) -> HookRegistry:
