@@ -115,3 +115,27 @@ async def test_a_hook_taking_whole_batches_gets_one_and_a_failing_batch_falls_ba
         database.execute("delete from public.hook_refused")
         await until(lambda: len(effects(database, "batcher")) == len(expected))
     assert per_conversation(effects(database, "batcher")) == per_conversation(expected)
+
+
+async def test_a_delivery_enqueued_by_the_previous_version_one_per_conversation_still_finishes(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore
+) -> None:
+    from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
+
+    from bastion.hooks import delivery_workflow_id, hook_queue_name
+    from bastion.hooks.delivery import _deliver
+
+    database = hook_tables
+    who, conversation = await conversation_of(hooks_store)
+    await turns(hooks_store, who, conversation, "1")
+    expected = outbox_ids(database)
+    ids = [event_id for event_id, _, _ in expected]
+    legacy = delivery_workflow_id("recorder", ids[0], ids[-1])  # the previous version's id, too
+    async with delivering(database, hooks_store, "recorder"):
+        with SetWorkflowID(f"{legacy}:legacy"), SetEnqueueOptions(queue_partition_key=conversation):
+            handle = await DBOS.enqueue_workflow_async(
+                hook_queue_name("recorder"), _deliver, "recorder", ids, 0
+            )
+        assert await handle.get_result() == 0
+        await until(lambda: set(calls(database, "recorder").values()) == {2})  # by it and by a batch
+    assert effects(database, "recorder") == expected

@@ -24,6 +24,9 @@ only its own conversation of its own hook, never a turn (turns only write the ou
 or another conversation. Every failed attempt is recorded for the operator; after the last one the
 delivery gives up on that event and goes on (`replay` delivers it again).
 
+Workflows the previous version enqueued (`bastion.hooks.deliver`, one per conversation) still run
+as they did, so deliveries in flight across an upgrade finish.
+
 DBOS records a step's outcome after it returns, so a worker killed after the hook acted and before
 that record makes the next worker call the hook again with the step's events: delivery is at least
 once, and a hook keyed by `HookEvent.id` acts once in effect.
@@ -129,20 +132,37 @@ async def _deliver_batch(hook: str, batch: Batch, generation: int) -> int:
     for (conversation, event_ids, tried), (_, lane) in zip(aside, lanes, strict=True):
         with SetWorkflowID(lane), SetEnqueueOptions(queue_partition_key=conversation):
             await DBOS.enqueue_workflow_async(
-                hook_queue_name(hook), _deliver, hook, conversation, event_ids, generation, tried
+                hook_queue_name(hook), _deliver_aside, hook, conversation, event_ids, generation, tried
             )
     return len(aside)
 
 
-@DBOS.workflow(name="bastion.hooks.deliver")
-async def _deliver(hook: str, conversation: str, event_ids: list[int], generation: int, tried: int) -> int:
+@DBOS.workflow(name="bastion.hooks.deliver_aside")
+async def _deliver_aside(
+    hook: str, conversation: str, event_ids: list[int], generation: int, tried: int
+) -> int:
     """Deliver one conversation's events set aside to `hook` in order (the first tried `tried` times
-    already), a failing one retried by the hook's policy before the next, then release the
-    conversation's hold; returns how many were given up."""
+    already), then release the conversation's hold; returns how many were given up."""
     policy = _delivery().hook(hook).retry
-    remaining, attempt, given_up = list(event_ids), tried + 1, 0
     if tried:
         await DBOS.sleep_async(policy.delay(tried))
+    given_up = await _deliver_in_order(hook, event_ids, generation, tried + 1)
+    await _release(hook, conversation, DBOS.workflow_id or "")
+    return given_up
+
+
+@DBOS.workflow(name="bastion.hooks.deliver")
+async def _deliver(hook: str, event_ids: list[int], generation: int) -> int:
+    """One conversation's events, as the previous version enqueued them (one workflow per
+    conversation): kept so deliveries in flight across an upgrade still finish."""
+    return await _deliver_in_order(hook, event_ids, generation, 1)
+
+
+async def _deliver_in_order(hook: str, event_ids: list[int], generation: int, attempt: int) -> int:
+    """Deliver events in order, the first on its `attempt`th try, a failing one retried by the hook's
+    policy before the next; returns how many were given up."""
+    policy = _delivery().hook(hook).retry
+    remaining, given_up = list(event_ids), 0
     while remaining:
         done, error = await _attempt(hook, remaining, generation, attempt)
         if done:
@@ -155,7 +175,6 @@ async def _deliver(hook: str, conversation: str, event_ids: list[int], generatio
             continue
         await DBOS.sleep_async(policy.delay(attempt))
         attempt += 1
-    await _release(hook, conversation, DBOS.workflow_id or "")
     return given_up
 
 
@@ -187,7 +206,9 @@ class HookDelivery:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._behind = False
+        self._waiting = False
         self._gather = 0.0
+        self._queue_poll = 0.1
 
     @classmethod
     async def start(
@@ -218,6 +239,7 @@ class HookDelivery:
             batch_size=batch_size,
         )
         delivery._gather = gather_delay
+        delivery._queue_poll = queue_polling_interval
         await delivery.outbox.register(hooks)
         for hook in hooks:
             await engine.register_queue(
@@ -244,10 +266,10 @@ class HookDelivery:
     async def dispatch(self) -> int:
         """Hand every hook's next events to its queue; returns how many workflows were enqueued."""
         enqueued = 0
-        self._behind = False
+        self._behind = self._waiting = False
         for hook in self.hooks:
             if await self._batch_waiting(hook.name):
-                self._behind = True  # hand the new events over with what follows, once the batch ahead runs
+                self._waiting = True  # hand the new events over with what follows, once the batch ahead runs
                 continue
             async with self.outbox.window(hook.name, limit=self._batch) as taken:
                 if taken is None:
@@ -370,7 +392,8 @@ class HookDelivery:
                 logger.warning("Dispatching hook events failed; trying again.", exc_info=True)
             # Committed events behind a transaction still running: look again soon, as that
             # transaction's end may notify nobody.
-            wait = _BEHIND_RETRY if self._behind else self._poll
+            # A batch waiting for the queue's next poll: look again after that poll.
+            wait = _BEHIND_RETRY if self._behind else self._queue_poll if self._waiting else self._poll
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
             if self._gather:
