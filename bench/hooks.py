@@ -127,7 +127,9 @@ class Costs:
         return f"| {label} | {own:.1f} | {server:.1f} | {self.statements / self.turns:.1f} |"
 
 
-async def run(*, users: int, turns: int, rounds: int, top: int = 0) -> list[str]:
+async def run(
+    *, users: int, turns: int, rounds: int, top: int = 0, queue_poll: float = 0.1
+) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="bastion-hooks-bench-") as directory:
         postgres = BenchPostgres(Path(directory))
         try:
@@ -142,6 +144,7 @@ async def run(*, users: int, turns: int, rounds: int, top: int = 0) -> list[str]
                 turns=turns,
                 rounds=rounds,
                 top=top,
+                queue_poll=queue_poll,
             )
         finally:
             postgres.close()
@@ -153,7 +156,15 @@ def app_dsn(admin_uri: str) -> str:
 
 
 async def measure(
-    postgres: BenchPostgres, off_dsn: str, on_dsn: str, *, users: int, turns: int, rounds: int, top: int
+    postgres: BenchPostgres,
+    off_dsn: str,
+    on_dsn: str,
+    *,
+    users: int,
+    turns: int,
+    rounds: int,
+    top: int,
+    queue_poll: float,
 ) -> list[str]:
     from bastion.assistant.hooks import usage_counter
 
@@ -209,7 +220,9 @@ async def measure(
         for _ in range(rounds):
             rates["off"].append(await measured("off", off, "hooks_off"))
             rates["outbox"].append(await measured("outbox", on, "hooks_on"))
-        delivery = await HookDelivery.start(engine, on.pool, hooks, listen_conninfo=on_dsn)
+        delivery = await HookDelivery.start(
+            engine, on.pool, hooks, listen_conninfo=on_dsn, queue_polling_interval=queue_poll
+        )
         drains: list[float] = []
 
         async def drained() -> None:
@@ -298,6 +311,7 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=16)
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--queue-poll", type=float, default=0.1, help="seconds between queue polls")
     parser.add_argument("--top", type=int, default=0, help="list the N statements run most with delivery on")
     options = parser.parse_args()
     print("\n".join(asyncio.run(run(**vars(options)))))

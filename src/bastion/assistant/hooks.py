@@ -15,43 +15,51 @@ FINISHED_RUNS: Final = frozenset(
     {"run.completed", "run.failed", "run.cancelled", "run.waiting_for_approval", "run.interrupted"}
 )
 
+# A batch of finished runs in one statement: the events not counted yet, summed per user and tenant.
 _COUNT: Final = """
-with counted as (
-  insert into assistant.usage_events (event_id) values (%(event)s) on conflict do nothing returning event_id
+with batch as (
+  select * from unnest(%(events)s::bigint[], %(owners)s::uuid[], %(tenants)s::text[],
+                       %(input)s::bigint[], %(output)s::bigint[], %(total)s::bigint[])
+           as b (event_id, owner_id, tenant_id, input_tokens, output_tokens, total_tokens)
+),
+counted as (
+  insert into assistant.usage_events (event_id) select event_id from batch
+  on conflict do nothing
+  returning event_id
 )
-insert into assistant.usage (owner_id, tenant_id, runs, input_tokens, output_tokens, total_tokens)
-select %(owner)s, %(tenant)s, 1, %(input)s, %(output)s, %(total)s from counted
+insert into assistant.usage as u (owner_id, tenant_id, runs, input_tokens, output_tokens, total_tokens)
+select b.owner_id, b.tenant_id, count(*), sum(b.input_tokens), sum(b.output_tokens), sum(b.total_tokens)
+  from batch b join counted c on c.event_id = b.event_id
+ group by b.owner_id, b.tenant_id
 on conflict (owner_id, tenant_id) do update
-   set runs = assistant.usage.runs + 1,
-       input_tokens = assistant.usage.input_tokens + excluded.input_tokens,
-       output_tokens = assistant.usage.output_tokens + excluded.output_tokens,
-       total_tokens = assistant.usage.total_tokens + excluded.total_tokens,
+   set runs = u.runs + excluded.runs,
+       input_tokens = u.input_tokens + excluded.input_tokens,
+       output_tokens = u.output_tokens + excluded.output_tokens,
+       total_tokens = u.total_tokens + excluded.total_tokens,
        updated_at = now()
 """
 
 
 def usage_counter(store: PostgresStore) -> Hook:
     """Counts every finished run and its tokens per user and tenant (`assistant.usage`), each event once;
-    a batch of runs in one transaction."""
+    a batch of runs in one statement."""
 
     async def count_all(events: Sequence[HookEvent]) -> None:
+        usages: list[dict[str, Any]] = [event.data.get("usage") or {} for event in events]
         async with store.pool.connection() as conn:
             if not conn.autocommit:
                 await conn.set_autocommit(True)
-            async with conn.transaction(), conn.pipeline():
-                for event in events:
-                    usage: dict[str, Any] = event.data.get("usage") or {}
-                    await conn.execute(
-                        _COUNT,
-                        {
-                            "event": event.id,
-                            "owner": event.user_id,
-                            "tenant": event.tenant_id,
-                            "input": usage.get("inputTokens", 0),
-                            "output": usage.get("outputTokens", 0),
-                            "total": usage.get("totalTokens", 0),
-                        },
-                    )
+            await conn.execute(
+                _COUNT,
+                {
+                    "events": [event.id for event in events],
+                    "owners": [event.user_id for event in events],
+                    "tenants": [event.tenant_id for event in events],
+                    "input": [usage.get("inputTokens", 0) for usage in usages],
+                    "output": [usage.get("outputTokens", 0) for usage in usages],
+                    "total": [usage.get("totalTokens", 0) for usage in usages],
+                },
+            )
 
     async def count(event: HookEvent) -> None:
         await count_all([event])
