@@ -69,6 +69,16 @@ async def until(check: Callable[[], Any], timeout: float = 60.0) -> None:
         await asyncio.sleep(0.05)
 
 
+def dispatched(database: HooksDatabase, hook: str) -> bool:
+    """Whether `hook`'s position has passed every event of the outbox."""
+    rows = database.rows(
+        "select 1 from bastion.hook_subscriptions s join bastion.hook_events e"
+        " on (e.tx, e.id) > (s.position_tx, s.position_id) where s.hook = %s",
+        hook,
+    )
+    return rows == []
+
+
 def outbox_ids(database: HooksDatabase) -> list[tuple[int, str, str]]:
     return database.rows("select id, type, conversation_id::text from bastion.hook_events order by id")  # type: ignore[return-value]
 
@@ -237,6 +247,7 @@ async def test_the_bastion_hooks_command_lists_lag_and_failures_and_replays_a_ho
         expected = outbox_ids(database)
         await until(lambda: len(effects(database, "recorder")) == len(expected))
         await until(lambda: calls(database, "broken"))
+        await until(lambda: dispatched(database, "broken"))
         code, listed, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path)
         assert code == 0
         rows = {line.split()[0]: line.split()[1:] for line in listed.splitlines()[1:]}

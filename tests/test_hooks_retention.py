@@ -19,6 +19,7 @@ from tests.test_hooks_delivery import (
     bastion_hooks,
     calls,
     delivering,
+    dispatched,
     effects,
     hook_tables,
     outbox_ids,
@@ -103,6 +104,7 @@ async def test_pruning_keeps_the_events_a_delivery_still_retries(
         expected = outbox_ids(database)
         await until(lambda: len(effects(database, "recorder")) == len(expected))
         await until(lambda: calls(database, "broken"))
+        await until(lambda: dispatched(database, "broken"))
         # broken's position has passed every event, but its delivery still retries the first.
         [status] = [s for s in await outbox.status() if s.hook == "broken"]
         assert status.undispatched == 0 and status.retrying == 1

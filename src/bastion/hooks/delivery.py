@@ -194,7 +194,7 @@ class HookDelivery:
         *,
         listen_conninfo: str,
         poll_interval: float = 1.0,
-        batch_size: int = 200,
+        batch_size: int = 500,
     ) -> None:
         self.engine = engine
         self._pool = pool
@@ -219,7 +219,7 @@ class HookDelivery:
         *,
         listen_conninfo: str,
         poll_interval: float = 1.0,
-        batch_size: int = 200,
+        batch_size: int = 500,
         queue_polling_interval: float = 0.1,
         gather_delay: float = 0.05,
     ) -> HookDelivery:
@@ -271,15 +271,15 @@ class HookDelivery:
             if await self._batch_waiting(hook.name):
                 self._waiting = True  # hand the new events over with what follows, once the batch ahead runs
                 continue
-            async with self.outbox.window(hook.name, limit=self._batch) as taken:
-                if taken is None:
+            async with self.outbox.window(hook.name, limit=self._batch, load=False) as opened:
+                if opened is None:
                     continue
-                conn, window = taken
+                conn, window = opened
                 batch: dict[str, list[int]] = {}
-                for event in window.events:
-                    batch.setdefault(event.conversation_id, []).append(event.id)
+                for event_id, conversation in window.taken:
+                    batch.setdefault(conversation, []).append(event_id)
                 if batch:
-                    first, last = window.events[0].id, window.events[-1].id
+                    first, last = window.taken[0][0], window.taken[-1][0]
                     await self._enqueue(hook, first, last, batch, window.generation)
                     enqueued += 1
                 if window.position is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Final, TypeAlias
 
@@ -59,7 +59,7 @@ select events, position_tx::text, position_id, generation from bastion.hook_subs
 # The next events after the position whose transactions are over, in (tx, id) order. The position
 # moves to the last one scanned, whether the hook takes it or not.
 _SCAN: Final = """
-select e.tx::text, e.id, e.type from bastion.hook_events e
+select e.tx::text, e.id, e.type, e.conversation_id::text from bastion.hook_events e
  where (e.tx, e.id) > (%(tx)s::xid8, %(id)s::bigint)
    and e.tx < pg_snapshot_xmin(pg_current_snapshot())
  order by e.tx, e.id
@@ -116,7 +116,8 @@ select exists (
 
 @dataclass(frozen=True, slots=True)
 class EventWindow:
-    """Events a hook takes next, and the position after everything scanned (`None`: nothing new);
+    """Events a hook takes next (`taken`: their ids and conversations, in order; `events`: the events
+    themselves, when asked for), and the position after everything scanned (`None`: nothing new);
     `full` when the scan hit its limit, so more may be waiting; `behind` when events past the position
     wait for an older transaction still running (they become readable when it ends)."""
 
@@ -126,6 +127,7 @@ class EventWindow:
     position: tuple[str, int] | None
     full: bool
     behind: bool = False
+    taken: list[tuple[int, str]] = field(default_factory=list)
 
 
 class HookEventPruned(LookupError):
@@ -223,11 +225,12 @@ class PostgresHookOutbox:
 
     @asynccontextmanager
     async def window(
-        self, hook: str, *, limit: int = 200
+        self, hook: str, *, limit: int = 200, load: bool = True
     ) -> AsyncIterator[tuple[Connection, EventWindow] | None]:
         """Lock `hook`'s position and yield its next events (None when another process holds it or
-        the hook is unknown); the caller hands them to delivery, then `advance`s on the same
-        connection before the block ends, so the position moves only past what was handed over."""
+        the hook is unknown; without `load`, only their ids and conversations); the caller hands them
+        to delivery, then `advance`s on the same connection before the block ends, so the position
+        moves only past what was handed over."""
         async with self._transaction() as conn:
             row = await (await conn.execute(_LOCK, (hook,))).fetchone()
             if row is None:
@@ -236,13 +239,15 @@ class PostgresHookOutbox:
             events, tx, event_id, generation = row
             params = {"tx": tx, "id": event_id, "limit": limit}
             scanned = await (await conn.execute(_SCAN, params)).fetchall()
-            taken = [scanned_id for _, scanned_id, kind in scanned if kind in events]
+            taken = [
+                (scanned_id, conversation) for _, scanned_id, kind, conversation in scanned if kind in events
+            ]
             found: list[HookEvent] = []
-            if taken:
+            if taken and load:
                 cursor = await conn.execute(
                     f"select {_EVENT_COLUMNS} from bastion.hook_events e where e.id = any(%s)"
                     " order by e.tx, e.id",
-                    (taken,),
+                    ([event_id for event_id, _ in taken],),
                 )
                 found = [_event(r) for r in await cursor.fetchall()]
             position = (scanned[-1][0], scanned[-1][1]) if scanned else None
@@ -256,7 +261,7 @@ class PostgresHookOutbox:
                         or (False,)
                     )[0]
                 )
-            yield conn, EventWindow(hook, generation, found, position, full, behind)
+            yield conn, EventWindow(hook, generation, found, position, full, behind, taken)
 
     async def advance(self, conn: Connection, hook: str, position: tuple[str, int]) -> None:
         await conn.execute(
