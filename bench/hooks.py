@@ -128,7 +128,7 @@ class Costs:
 
 
 async def run(
-    *, users: int, turns: int, rounds: int, top: int = 0, queue_poll: float = 0.1
+    *, users: int, turns: int, rounds: int, top: int = 0, queue_poll: float = 0.1, idle: float = 5.0
 ) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="bastion-hooks-bench-") as directory:
         postgres = BenchPostgres(Path(directory))
@@ -145,6 +145,7 @@ async def run(
                 rounds=rounds,
                 top=top,
                 queue_poll=queue_poll,
+                idle=idle,
             )
         finally:
             postgres.close()
@@ -165,6 +166,7 @@ async def measure(
     rounds: int,
     top: int,
     queue_poll: float,
+    idle: float,
 ) -> list[str]:
     from bastion.assistant.hooks import usage_counter
 
@@ -238,6 +240,11 @@ async def measure(
                 rates["off"].append(await measured("off", off, "hooks_off"))
                 rates["on"].append(await measured("on", on, "hooks_on", drained))
             busiest = postgres.top_statements("hooks_on", top) if top else []
+            # Delivery's cost with nothing to deliver: mostly DBOS polling the hooks' queues.
+            idle_from, idle_cpu = postgres.counters("hooks_on"), own_cpu_seconds()
+            await asyncio.sleep(idle)
+            quiet = postgres.counters("hooks_on") - idle_from
+            idle_own = (own_cpu_seconds() - idle_cpu) / idle
         finally:
             await delivery.close()
     off_rate, on_rate = statistics.median(rates["off"][:rounds]), statistics.median(rates["on"])
@@ -273,6 +280,9 @@ async def measure(
         f"persist_sessions delivery lag (event's transaction start to the hook's call): p50 {p50:.0f} ms,"
         f" p99 {p99:.0f} ms over {len(lags)} events; backlog drained {drain * 1000:.0f} ms"
         " after a round (median)",
+        f"delivery with nothing to deliver, per second: this process CPU {idle_own * 1000:.0f} ms,"
+        f" Postgres CPU {quiet.cpu_seconds / idle * 1000:.0f} ms,"
+        f" {quiet.statements / idle:.0f} statements",
         *(f"{calls:>8} {query}" for calls, query in busiest),
     ]
 
