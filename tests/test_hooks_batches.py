@@ -139,3 +139,25 @@ async def test_a_delivery_enqueued_by_the_previous_version_one_per_conversation_
         assert await handle.get_result() == 0
         await until(lambda: set(calls(database, "recorder").values()) == {2})  # by it and by a batch
     assert effects(database, "recorder") == expected
+
+
+async def test_while_a_batch_waits_to_run_new_events_wait_in_the_outbox_to_go_out_together(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore
+) -> None:
+    database = hook_tables
+    database.execute("insert into public.hook_hold values ('run.completed')")
+    who, conversation = await conversation_of(hooks_store)
+    async with delivering(database, hooks_store, "recorder"):
+        await turns(hooks_store, who, conversation, "1")
+        [first] = [event_id for event_id, kind, _ in outbox_ids(database) if kind == "run.completed"]
+        await until(lambda: calls(database, "recorder").get(first) == 1)  # a batch runs, held in the hook
+        for label in "23456":  # paced, so that each could have gone out in a batch of its own
+            await turns(hooks_store, who, conversation, label)
+            await asyncio.sleep(0.2)
+        database.execute("delete from public.hook_hold")
+        expected = outbox_ids(database)
+        await until(lambda: len(effects(database, "recorder")) == len(expected))
+    assert effects(database, "recorder") == expected
+    # The held batch, at most one more (of the first turn) before it, one waiting behind it, and one
+    # with everything written while that one waited.
+    assert len(workflows(database, "recorder")) <= 4
