@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bastion.hooks import HookEventPruned, PostgresHookOutbox, define_hook
+from bastion.hooks import HookEventPruned, PostgresHookOutbox, define_hook, prune_outbox
 from bastion.hooks.report import parse_age
 from bastion.stores import PostgresStore
 from tests.hook_scenarios import drain
@@ -55,7 +55,9 @@ async def test_pruning_keeps_every_event_a_hook_has_not_passed_and_drops_failure
 ) -> None:
     database = hooks_database
     outbox = PostgresHookOutbox(hooks_store.pool)
-    assert (await outbox.prune(timedelta(0))).events == 0  # no hook registered: nothing goes
+    assert (
+        await prune_outbox(hooks_store.pool, timedelta(0))
+    ).events == 0  # no hook registered: nothing goes
     await simple_turns(hooks_store, 2)
     everything = event_ids(database)
     await outbox.register(
@@ -64,7 +66,7 @@ async def test_pruning_keeps_every_event_a_hook_has_not_passed_and_drops_failure
             define_hook("behind", events={"run.started"}, handle=noop, start="earliest"),
         ]
     )
-    assert (await outbox.prune(timedelta(0))).events == 0  # neither has moved
+    assert (await prune_outbox(hooks_store.pool, timedelta(0))).events == 0  # neither has moved
     await drain(outbox, "ahead")
     async with outbox.window("behind", limit=3) as opened:  # behind has passed the first three events
         assert opened is not None
@@ -73,8 +75,8 @@ async def test_pruning_keeps_every_event_a_hook_has_not_passed_and_drops_failure
         await outbox.advance(conn, "behind", window.position)
     [started] = window.events
     await outbox.record_failure(started, "behind", 0, attempt=1, error="boom", gave_up=True)
-    assert (await outbox.prune(timedelta(days=1))).events == 0  # passed, but not old enough
-    pruned = await outbox.prune(timedelta(0))
+    assert (await prune_outbox(hooks_store.pool, timedelta(days=1))).events == 0  # passed, but not old enough
+    pruned = await prune_outbox(hooks_store.pool, timedelta(0))
     assert (pruned.events, pruned.failures) == (3, 1)
     assert event_ids(database) == everything[3:]
     assert await outbox.failures() == []
@@ -90,7 +92,7 @@ async def test_pruning_keeps_every_event_a_hook_has_not_passed_and_drops_failure
     # Everything passed and old enough goes once both hooks are through.
     await drain(outbox, "behind")
     await drain(outbox, "ahead")
-    assert (await outbox.prune(timedelta(0))).events == len(everything) - 3
+    assert (await prune_outbox(hooks_store.pool, timedelta(0))).events == len(everything) - 3
     assert event_ids(database) == []
 
 
@@ -108,7 +110,7 @@ async def test_pruning_keeps_the_events_a_delivery_still_retries(
         # broken's position has passed every event, but its delivery still retries the first.
         [status] = [s for s in await outbox.status() if s.hook == "broken"]
         assert status.undispatched == 0 and status.retrying == 1
-        assert (await outbox.prune(timedelta(0))).events == 0
+        assert (await prune_outbox(hooks_store.pool, timedelta(0))).events == 0
     assert outbox_ids(database) == expected
 
 
@@ -116,12 +118,11 @@ async def test_pruning_while_turns_are_delivered_loses_no_event(
     hook_tables: HooksDatabase, hooks_store: PostgresStore
 ) -> None:
     database = hook_tables
-    outbox = PostgresHookOutbox(hooks_store.pool)
     pruned = 0
     async with delivering(database, hooks_store, "recorder"):
         writing = asyncio.gather(*(simple_turns(hooks_store, 4) for _ in range(3)))
         while not writing.done():
-            pruned += (await outbox.prune(timedelta(0))).events
+            pruned += (await prune_outbox(hooks_store.pool, timedelta(0))).events
             await asyncio.sleep(0.01)
         await writing
         await until(lambda: len(effects(database, "recorder")) == 3 * 4 * EVENTS_PER_TURN)
@@ -129,7 +130,7 @@ async def test_pruning_while_turns_are_delivered_loses_no_event(
     delivered = effects(database, "recorder")
     assert len({event_id for event_id, _, _ in delivered}) == len(delivered)
     assert all(ids == sorted(ids) for ids in per_conversation(delivered).values())
-    pruned += (await outbox.prune(timedelta(0))).events
+    pruned += (await prune_outbox(hooks_store.pool, timedelta(0))).events
     assert pruned == len(delivered) and outbox_ids(database) == []
 
 

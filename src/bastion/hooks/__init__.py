@@ -7,8 +7,9 @@ outbox in Postgres, at least once and in order per conversation, each hook at it
 - `HookDelivery`: this process's dispatcher and the hooks' DBOS queues (on `bastion.durable`).
 - `persist_sessions`: the built-in hook copying conversations into the chat tables
   (`apply_chat_table_migrations`), with `chat_id_of` and `canonical_parts`.
-- `PostgresHookOutbox`: positions, lag, failures, replay and retention (`prune`), for operators
-  (`bastion hooks`); `HookEventPruned` (code `hook_event_pruned`) for a replay from a pruned event.
+- `PostgresHookOutbox`: positions, lag, failures and replay, for operators (`bastion hooks`);
+  `HookEventPruned` (code `hook_event_pruned`) for a replay from a pruned event.
+- `prune_outbox`, `prune_deliveries`: retention of what every hook has passed (`bastion hooks prune`).
 
 Needs Postgres and the `durable` extra.
 """
@@ -22,12 +23,12 @@ from bastion.hooks.outbox import (
     HookFailure,
     HookStatus,
     PostgresHookOutbox,
-    Pruned,
     apply_chat_table_migrations,
     apply_hooks_migrations,
     hook_migrations,
 )
 from bastion.hooks.registry import BatchHandler, Hook, HookHandler, HookRegistry, RetryPolicy, define_hook
+from bastion.hooks.retention import Pruned, prune_deliveries, prune_outbox
 from bastion.hooks.sessions import PERSIST_SESSIONS_EVENTS, persist_sessions
 
 __all__ = [
@@ -55,5 +56,7 @@ __all__ = [
     "hook_migrations",
     "hook_queue_name",
     "persist_sessions",
+    "prune_deliveries",
+    "prune_outbox",
     "queued_deliveries",
 ]

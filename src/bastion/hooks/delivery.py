@@ -37,15 +37,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import UTC, datetime, timedelta
 from typing import Final, TypeAlias
 
 import psycopg
-from dbos import DBOS, DBOSClient, SetEnqueueOptions, SetWorkflowID
+from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
-from bastion.durable import DURABLE_SCHEMA, DurableEngine, system_database_url
+from bastion.durable import DurableEngine
 from bastion.hooks.events import HookEvent
 from bastion.hooks.outbox import PostgresHookOutbox
 from bastion.hooks.registry import Hook, HookRegistry
@@ -55,7 +54,6 @@ __all__ = [
     "HookDelivery",
     "delivery_workflow_id",
     "hook_queue_name",
-    "prune_deliveries",
     "queued_deliveries",
 ]
 
@@ -328,9 +326,7 @@ class HookDelivery:
                 )
         gate = asyncio.Semaphore(_CONVERSATIONS_AT_ONCE)
 
-        async def conversation_of(
-            conversation: str, event_ids: list[int]
-        ) -> tuple[str, list[int], int] | None:
+        async def conversation_of(conversation: str, event_ids: list[int]) -> SetAside | None:
             async with gate:
                 for index, event_id in enumerate(event_ids):
                     event = events.get(event_id)
@@ -425,31 +421,6 @@ class HookDelivery:
                 await task
         if _active is self:
             _active = None
-
-
-async def prune_deliveries(conninfo: str, hooks: list[str], older_than: timedelta) -> int:
-    """Delete the hooks' delivery workflows that finished more than `older_than` ago from DBOS (its
-    client, on `conninfo` as the application's role); returns how many."""
-    cutoff = (datetime.now(UTC) - older_than).isoformat()
-    client = DBOSClient(system_database_url=system_database_url(conninfo), dbos_system_schema=DURABLE_SCHEMA)
-    try:
-        finished = (
-            await client.list_workflows_async(
-                queue_name=[hook_queue_name(hook) for hook in hooks],
-                status=["SUCCESS", "ERROR", "CANCELLED"],
-                completed_before=cutoff,
-                load_input=False,
-                load_output=False,
-            )
-            if hooks
-            else []
-        )
-        ids = [workflow.workflow_id for workflow in finished]
-        if ids:
-            await client.delete_workflows_async(ids)
-        return len(ids)
-    finally:
-        await asyncio.to_thread(client.destroy)
 
 
 async def queued_deliveries(pool: Pool) -> dict[str, int]:

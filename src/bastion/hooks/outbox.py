@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, ClassVar, Final, TypeAlias
 
 import psycopg
@@ -28,7 +28,6 @@ __all__ = [
     "HookFailure",
     "HookStatus",
     "PostgresHookOutbox",
-    "Pruned",
     "apply_chat_table_migrations",
     "apply_hooks_migrations",
     "hook_migrations",
@@ -67,45 +66,6 @@ select e.tx::text, e.id, e.type, e.conversation_id::text from bastion.hook_event
 """
 
 
-# Events every hook has passed (at or before every position), that no unfinished delivery still
-# carries (before the first event of each, named in its workflow id: a batch's events all follow its
-# first in delivery order), and older than the cutoff; with their failures. Run after locking every
-# subscription, so no replay moves a position back while the events behind it go.
-_PRUNE: Final = """
-with passed as (
-  select position_tx as tx, position_id as id from bastion.hook_subscriptions
-   order by position_tx, position_id
-   limit 1
-),
-delivering as (
-  select e.tx, e.id from dbos.workflow_status w
-    join bastion.hook_events e
-      on e.id = substring(w.workflow_uuid from '^bastion[.]hook:[^:]+:([0-9]{19})-')::bigint
-   where w.queue_name like 'bastion.hooks.%%' and w.status in ('ENQUEUED', 'PENDING')
-   order by e.tx, e.id
-   limit 1
-),
-pruned as (
-  delete from bastion.hook_events e
-   using passed p
-   where (e.tx, e.id) <= (p.tx, p.id)
-     and not exists (select 1 from delivering d where (e.tx, e.id) >= (d.tx, d.id))
-     and e.created_at < now() - %(age)s::interval
-  returning e.id
-),
-failures as (
-  delete from bastion.hook_failures f using pruned p where f.event_id = p.id returning 1
-),
-marked as (
-  insert into bastion.hook_retention (pruned_through_id)
-  select max(id) from pruned having count(*) > 0
-  on conflict (singleton) do update
-     set pruned_through_id = greatest(bastion.hook_retention.pruned_through_id, excluded.pruned_through_id),
-         pruned_at = now()
-)
-select (select count(*) from pruned), (select count(*) from failures)
-"""
-
 _BEHIND: Final = """
 select exists (
   select 1 from bastion.hook_events e
@@ -142,14 +102,6 @@ class HookEventPruned(LookupError):
         )
         self.event_id = event_id
         self.pruned_through_id = pruned_through_id
-
-
-@dataclass(frozen=True, slots=True)
-class Pruned:
-    """What one `prune` deleted: outbox events, and failure records of them."""
-
-    events: int
-    failures: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -430,18 +382,6 @@ class PostgresHookOutbox:
             row = await cursor.fetchone()
             assert row is not None
             return int(row[0])
-
-    async def prune(self, older_than: timedelta) -> Pruned:
-        """Delete the events older than `older_than` that every registered hook has passed and no
-        delivery still carries, with their failure records; safe while delivery runs. With no hook
-        registered nothing is pruned (a hook to come may start from the oldest event)."""
-        if older_than < timedelta(0):
-            raise ValueError("older_than must not be negative.")
-        async with self._transaction() as conn:
-            await conn.execute("select 1 from bastion.hook_subscriptions for share")
-            cursor = await conn.execute(_PRUNE, {"age": older_than})
-            row = await cursor.fetchone()
-        return Pruned(events=int(row[0]), failures=int(row[1])) if row else Pruned(0, 0)
 
 
 def _event(row: Sequence[Any]) -> HookEvent:

@@ -9,8 +9,9 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from bastion.hooks.delivery import Pool, prune_deliveries, queued_deliveries
+from bastion.hooks.delivery import Pool, queued_deliveries
 from bastion.hooks.outbox import PostgresHookOutbox
+from bastion.hooks.retention import prune_deliveries, prune_outbox
 
 __all__ = ["failures_report", "parse_age", "prune_hooks", "replay_hook", "status_report"]
 
@@ -81,9 +82,8 @@ def parse_age(text: str) -> timedelta:
 async def prune_hooks(pool: Pool, conninfo: str, older_than: timedelta) -> str:
     """Delete outbox events older than `older_than` that every hook has passed, their failure records,
     and the hooks' delivery workflows that finished that long ago."""
-    outbox = PostgresHookOutbox(pool)
-    pruned = await outbox.prune(older_than)
-    hooks = [status.hook for status in await outbox.status()]
+    pruned = await prune_outbox(pool, older_than)
+    hooks = [status.hook for status in await PostgresHookOutbox(pool).status()]
     workflows = await prune_deliveries(conninfo, hooks, older_than)
     return (
         f"Pruned {pruned.events} event(s) every hook has passed, {pruned.failures} failure record(s)"
