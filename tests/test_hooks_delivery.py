@@ -128,6 +128,7 @@ async def test_a_flaky_hook_sees_each_event_once_in_order_and_a_broken_one_holds
         assert per_conversation(effects(database, "recorder")) == per_conversation(expected)
         # Meanwhile the broken hook has delivered nothing and is still retrying its first events.
         assert effects(database, "broken") == []
+        await until(lambda: database.rows("select 1 from bastion.hook_failures where hook = 'broken'"))
         status = {s.hook: s for s in await delivery.outbox.status()}
         assert status["broken"].retrying >= 1 and status["broken"].given_up == 0
         assert status["flaky"].retrying == 0 and status["recorder"].undispatched == 0
@@ -248,6 +249,11 @@ async def test_the_bastion_hooks_command_lists_lag_and_failures_and_replays_a_ho
         await until(lambda: len(effects(database, "recorder")) == len(expected))
         await until(lambda: calls(database, "broken"))
         await until(lambda: dispatched(database, "broken"))
+
+        async def recorder_done() -> bool:
+            return "recorder" not in await queued_deliveries(hooks_store.pool)
+
+        await until(recorder_done)
         code, listed, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path)
         assert code == 0
         rows = {line.split()[0]: line.split()[1:] for line in listed.splitlines()[1:]}
