@@ -5,7 +5,8 @@ model), one with durable turns (`durable=DurableEngine`) and one without, each o
 embedded Postgres with `pg_stat_statements`. Rounds alternate between them. Figures:
 
 - turns/s at c=1, 16 and 32 (new conversations, one tool call, 20 words), and their ratio;
-- time to the first text delta at c=1, p50 and p99, and the durable turn's added time;
+- time to the first text delta at c=1, p50 and p99, and the durable turn's added time, for the turn
+  above (the text follows one tool call) and for a turn that answers without calling a tool;
 - statements (round trips) and WAL bytes per turn, from `pg_stat_statements` of each database;
 - the 10-step persisted tool loop (10 model steps, each calling `lookup` through its claim), wall time;
 - take-over: two durable workers on one database; a turn streaming on the first is cut by SIGKILL, and the
@@ -331,6 +332,7 @@ async def measure(rounds: int, turns: int, takeovers: int) -> str:
     servers: dict[str, Server] = {}
     rates: dict[tuple[str, int], list[float]] = {}
     firsts: dict[str, list[float]] = {mode: [] for mode in MODES}
+    text_firsts: dict[str, list[float]] = {mode: [] for mode in MODES}
     loops: dict[str, list[float]] = {mode: [] for mode in MODES}
     per_turn: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
     try:
@@ -351,6 +353,10 @@ async def measure(rounds: int, turns: int, takeovers: int) -> str:
                     assert turn.first_delta is not None
                     firsts[mode].append(turn.first_delta)
                 after = postgres.counters(f"durable_bench_{mode}")
+                for _ in range(turns // 2):
+                    text_turn = await chat_turn(port, token, 20, steps=0)
+                    assert text_turn.first_delta is not None
+                    text_firsts[mode].append(text_turn.first_delta)
                 counted = after - before
                 per_turn[mode].append((counted.statements / (turns // 2), counted.wal_bytes / (turns // 2)))
                 for concurrency in (1, 16, 32):
@@ -377,6 +383,12 @@ async def measure(rounds: int, turns: int, takeovers: int) -> str:
         today_ms, durable_ms = (_ms(firsts[mode], fraction) for mode in MODES)
         lines.append(
             f"| first text delta {label}, c=1 (ms) | {today_ms} | {durable_ms} | "
+            f"+{float(durable_ms) - float(today_ms):.1f} ms |"
+        )
+    for label, fraction in (("p50", 0.5), ("p99", 0.99)):
+        today_ms, durable_ms = (_ms(text_firsts[mode], fraction) for mode in MODES)
+        lines.append(
+            f"| first text delta {label}, c=1, no tool call (ms) | {today_ms} | {durable_ms} | "
             f"+{float(durable_ms) - float(today_ms):.1f} ms |"
         )
     for label, index in (("statements per turn", 0), ("WAL bytes per turn", 1)):
