@@ -706,6 +706,22 @@ async def test_cancelling_during_setup_closes_what_was_opened() -> None:
         assert slow.log.count("DELETE") == 1
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_call_in_flight_when_the_connections_close_fails_as_connection_failed(transport: str) -> None:
+    reported: list[McpConnectionError] = []
+    with serve_mcp(transport) as waiting:
+        connections = await connect(
+            define(waiting, allowlist=["slow"], request_timeout_ms=20_000, on_error=reported.append)
+        )
+        call = asyncio.ensure_future(run(named(connections)["docs__slow"], {}))
+        await until(lambda: len(waiting.log.tool_calls("slow")) == 1)
+        await connections.close()
+        with pytest.raises(McpConnectionError) as raised:
+            await call
+    assert identity(raised.value) == ("execution_failed", "connection_failed", "docs", "docs__slow")
+    assert [identity(error) for error in reported] == [identity(raised.value)]
+
+
 async def test_a_call_after_close_fails_as_closed_and_is_reported(server: RunningServer) -> None:
     reported: list[McpConnectionError] = []
     connections = await connect(define(server, allowlist=["read"], on_error=reported.append))
@@ -931,7 +947,7 @@ async def test_a_remote_tool_whose_name_cannot_be_exposed_is_skipped_with_a_warn
         skipped.getMessage()
         == "Skipping a tool of the docs connection: its name or input schema is unusable."
     )
-    assert skipped.exc_info is not None
+    assert skipped.exc_info and isinstance(skipped.exc_info[1], Exception)
 
 
 async def test_closing_leaves_no_task_of_the_connections_running(server: RunningServer) -> None:

@@ -778,3 +778,96 @@ async def test_closing_a_client_that_never_connected_reports_nothing() -> None:
     await client.close()
     await client.close()
     assert reports == []
+
+
+def test_a_listed_tool_whose_name_cannot_be_exposed_is_skipped_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, "bastion.mcp"):
+        tools = build_tools([listing(docs(), remote("has.dot"), remote("search"))])
+    assert [item.name for item in tools] == ["docs__search"]
+    [record] = caplog.records
+    assert (
+        record.getMessage() == "Skipping a tool of the docs connection: its name or input schema is unusable."
+    )
+    assert record.exc_info and isinstance(record.exc_info[1], Exception)
+
+
+async def test_connections_without_a_cancel_signal_start_no_task() -> None:
+    before = asyncio.all_tasks()
+    connections = await create_mcp_connections([], context=Ctx())
+    assert asyncio.all_tasks() == before
+    await connections.close()
+
+
+# The request path's decisions, each outcome produced by a request that plays it
+
+
+@pytest.mark.parametrize("stage", ["connect", "call"])
+async def test_a_request_the_transports_end_interrupts_fails_as_connection_failed(stage: Any) -> None:
+    client = McpClient(docs())
+
+    async def transport_ends() -> None:
+        client._ended.set()  # what the owner task does when the transport exits
+        await asyncio.Event().wait()
+
+    with pytest.raises(McpConnectionError) as raised:
+        await client.request(transport_ends(), stage=stage)
+    code = "discovery_failed" if stage == "connect" else "execution_failed"
+    assert (raised.value.code, raised.value.reason) == (code, "connection_failed")
+
+
+@pytest.mark.parametrize("stage", ["connect", "call"])
+@pytest.mark.parametrize("then", ["hangs", "fails"])
+async def test_a_credential_refused_during_a_request_needs_authorization(stage: Any, then: str) -> None:
+    client = McpClient(docs())
+
+    async def refused() -> None:
+        flow = client._recorder.async_auth_flow(httpx2.Request("POST", "http://h/mcp"))
+        await flow.__anext__()
+        with pytest.raises(StopAsyncIteration):
+            await flow.asend(httpx2.Response(401))
+        if then == "fails":
+            raise RuntimeError("the SDK's generic error for a 401")
+        await asyncio.Event().wait()
+
+    with pytest.raises(McpConnectionError) as raised:
+        await client.request(refused(), stage=stage, tool="docs__x")
+    assert identity(raised.value)[:4] == ("authorization_required", "unauthorized", "docs", "docs__x")
+
+
+@pytest.mark.parametrize("status", [200, 404, 500])
+async def test_other_statuses_are_not_a_refused_credential(status: int) -> None:
+    client = McpClient(docs())
+
+    async def answered() -> str:
+        flow = client._recorder.async_auth_flow(httpx2.Request("POST", "http://h/mcp"))
+        await flow.__anext__()
+        with pytest.raises(StopAsyncIteration):
+            await flow.asend(httpx2.Response(status))
+        return "answered"
+
+    assert await client.request(answered(), stage="call") == "answered"
+
+
+@pytest.mark.parametrize("stage", ["connect", "call"])
+async def test_after_a_refused_credential_no_further_request_is_sent(stage: Any) -> None:
+    client = McpClient(docs())
+
+    async def refuse() -> None:
+        flow = client._recorder.async_auth_flow(httpx2.Request("POST", "http://h/mcp"))
+        await flow.__anext__()
+        with pytest.raises(StopAsyncIteration):
+            await flow.asend(httpx2.Response(403))
+
+    await client.request(refuse(), stage="call")
+    sent: list[str] = []
+
+    async def second() -> None:
+        sent.append("second")
+
+    work = second()
+    with pytest.raises(McpConnectionError) as raised:
+        await client.request(work, stage=stage)
+    assert (raised.value.code, raised.value.reason, sent) == ("authorization_required", "unauthorized", [])
+    assert work.cr_frame is None  # closed, never started

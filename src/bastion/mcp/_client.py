@@ -27,6 +27,8 @@ _STREAM_READ_TIMEOUT = 3600.0
 """How long an idle event stream may stay silent; each request has its own, shorter bound."""
 
 Stage = Literal["connect", "call"]
+_FAILURE_CODES: dict[Stage, McpErrorCode] = {"connect": "discovery_failed", "call": "execution_failed"}
+"""What a failed request is at each stage (a refused credential is `authorization_required` at both)."""
 
 
 class _StatusRecorder(httpx2.Auth):
@@ -161,10 +163,7 @@ class McpClient:
         raise self._failure(stage, self._failure_reason(error, stage), tool) from None
 
     def _failure(self, stage: Stage, reason: McpErrorReason, tool: str | None) -> McpConnectionError:
-        if reason == "unauthorized":
-            code: McpErrorCode = "authorization_required"
-        else:
-            code = "discovery_failed" if stage == "connect" else "execution_failed"
+        code = "authorization_required" if reason == "unauthorized" else _FAILURE_CODES[stage]
         return McpConnectionError(code, reason=reason, connection=self._name, tool=tool)
 
     def _unfinished_reason(self) -> McpErrorReason:

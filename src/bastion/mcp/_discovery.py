@@ -50,7 +50,7 @@ async def _list_tools(client: McpClient, session: ClientSession) -> list[mcp_typ
     tools: list[mcp_types.Tool] = []
     cursor: str | None = None
     for _ in range(_MAX_TOOL_PAGES):
-        params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor is not None else None
+        params = mcp_types.PaginatedRequestParams(cursor=cursor)
         page = await client.request(session.list_tools(params=params), stage="connect")
         tools.extend(page.tools)
         cursor = page.next_cursor
