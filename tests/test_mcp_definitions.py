@@ -311,7 +311,17 @@ async def test_definitions_keeping_every_rule_pass_to_discovery(options: dict[st
     assert (error.code, error.reason) == ("discovery_failed", "connection_failed")
 
 
-async def test_the_checks_run_before_anything_connects_and_stop_at_the_first_bad_definition() -> None:
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ({"failure": "sometimes"}, "invalid_failure"),
+        ({"transport": McpTransport(type="http", url="file:///etc")}, "invalid_transport"),
+        ({"transport": McpTransport(type="http", url="http://h", headers={"X": "a\nb"})}, "invalid_headers"),
+    ],
+)
+async def test_every_definition_is_checked_before_any_connection_resolves_or_opens(
+    bad: dict[str, Any], reason: str
+) -> None:
     opened: list[str] = []
 
     async def transport(context: Ctx) -> McpTransport:
@@ -319,8 +329,8 @@ async def test_the_checks_run_before_anything_connects_and_stop_at_the_first_bad
         return HTTP
 
     good = McpConnectionDefinition[Ctx](name="good", transport=transport)
-    error = await refusal(good, docs(failure="sometimes"))
-    assert (error.reason, opened) == ("invalid_failure", [])
+    error = await refusal(good, docs(**bad))
+    assert (error.reason, opened) == (reason, [])
 
 
 async def test_a_set_cancel_signal_stops_before_anything_resolves() -> None:

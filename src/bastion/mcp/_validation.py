@@ -142,10 +142,9 @@ def _tool_names_problem(definition: McpConnectionDefinition[Any]) -> Problem | N
 
 def _predicted_names(definition: McpConnectionDefinition[Any]) -> list[str]:
     """The names this definition will expose, as far as they are known before discovery."""
-    names = dict.fromkeys(definition.aliases.values())
-    for remote in definition.allowlist or ():
-        names[definition.exposed_name(remote)] = None
-    return list(names)
+    aliases = list(definition.aliases.values())
+    allowed = [definition.exposed_name(remote) for remote in definition.allowlist or ()]
+    return list(dict.fromkeys(aliases + allowed))
 
 
 def _is_positive_whole(value: object) -> bool:
