@@ -707,6 +707,21 @@ async def test_cancelling_during_setup_closes_what_was_opened() -> None:
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_connection_left_idle_longer_than_the_request_bound_still_answers(transport: str) -> None:
+    """The bound is per request: an event stream may stay silent far longer (SSE dies without this)."""
+    with serve_mcp(transport) as idle:
+        connections = await connect(define(idle, allowlist=["search"], request_timeout_ms=300))
+        try:
+            await asyncio.sleep(1)
+            assert await run(named(connections)["docs__search"], {"query": "q"}) == {
+                "hits": ["doc-q"],
+                "query": "q",
+            }
+        finally:
+            await connections.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_call_in_flight_when_the_connections_close_fails_as_connection_failed(transport: str) -> None:
     reported: list[McpConnectionError] = []
     with serve_mcp(transport) as waiting:
