@@ -71,14 +71,13 @@ def define(server: RunningServer, name: str = "docs", **options: Any) -> McpConn
     )
 
 
-def unreachable(name: str = "gone", **options: Any) -> McpConnectionDefinition[Ctx]:
+def unreachable(name: str = "gone", kind: str = "http", **options: Any) -> McpConnectionDefinition[Ctx]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    return McpConnectionDefinition(
-        name=name, transport=McpTransport(type="http", url=f"http://127.0.0.1:{port}/mcp"), **options
-    )
+    transport = McpTransport(type=kind, url=f"http://127.0.0.1:{port}/mcp")  # type: ignore[arg-type]
+    return McpConnectionDefinition(name=name, transport=transport, **options)
 
 
 async def connect(*definitions: McpConnectionDefinition[Ctx], **options: Any) -> McpConnections:
@@ -278,6 +277,17 @@ async def test_a_required_connection_that_cannot_connect_fails_and_closes_the_ot
         "gone",
     )
     assert fresh_http_server.log.count("DELETE") == 1
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_server_that_refuses_the_connection_fails_discovery_at_once_as_connection_failed(
+    transport: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Over SSE the transport fails to open, over HTTP its first request does: neither waits for the bound."""
+    with caplog.at_level(logging.WARNING, "bastion.mcp"), pytest.raises(McpConnectionError) as raised:
+        await connect(unreachable(kind=transport, request_timeout_ms=10_000))
+    assert identity(raised.value) == ("discovery_failed", "connection_failed", "gone", None)
+    assert not any("was lost" in record.getMessage() for record in caplog.records)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -664,13 +674,19 @@ async def test_close_closes_each_client_exactly_once(fresh_http_server: RunningS
     assert fresh_http_server.log.count("DELETE") == 1
 
 
-async def test_a_client_that_does_not_let_go_is_cut_off_and_reported_as_cleanup_failed() -> None:
+async def test_a_client_that_does_not_let_go_is_cut_off_and_reported_as_cleanup_failed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     reported: list[McpConnectionError] = []
     with serve_mcp("http", Behavior(hold_deletes=True)) as holding:
         connections = await connect(
             define(holding, allowlist=["read"], request_timeout_ms=300, on_error=reported.append)
         )
-        await connections.close()
+        with caplog.at_level(logging.WARNING, "bastion.mcp"):
+            await connections.close()
+        assert [record.getMessage() for record in caplog.records] == [
+            "The docs connection did not close in time; it was cut off."
+        ]
         assert connections.closed
         assert holding.log.count("DELETE") == 1
     assert [(error.code, error.reason, error.connection) for error in reported] == [
@@ -678,12 +694,15 @@ async def test_a_client_that_does_not_let_go_is_cut_off_and_reported_as_cleanup_
     ]
 
 
-async def test_a_clean_close_reports_nothing(fresh_http_server: RunningServer) -> None:
+async def test_a_clean_close_reports_and_logs_nothing(
+    fresh_http_server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
     reported: list[McpConnectionError] = []
     connections = await connect(define(fresh_http_server, allowlist=["read"], on_error=reported.append))
-    await connections.close()
+    with caplog.at_level(logging.WARNING, "bastion.mcp"):
+        await connections.close()
     assert fresh_http_server.log.count("DELETE") == 1
-    assert reported == []
+    assert (reported, caplog.records) == ([], [])
 
 
 async def test_the_cancel_signal_closes_the_clients(fresh_http_server: RunningServer) -> None:
