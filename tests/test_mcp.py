@@ -678,12 +678,14 @@ async def test_a_client_that_does_not_let_go_is_cut_off_and_reported_as_cleanup_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     reported: list[McpConnectionError] = []
+    before = asyncio.all_tasks()
     with serve_mcp("http", Behavior(hold_deletes=True)) as holding:
         connections = await connect(
             define(holding, allowlist=["read"], request_timeout_ms=300, on_error=reported.append)
         )
         with caplog.at_level(logging.WARNING, "bastion.mcp"):
             await connections.close()
+        assert asyncio.all_tasks() - before == set()  # the owner task was cut off and waited for
         assert [record.getMessage() for record in caplog.records] == [
             "The docs connection did not close in time; it was cut off."
         ]
