@@ -785,6 +785,21 @@ async def test_server_instructions_are_offered_when_the_definition_asks(server: 
     assert SERVER_INSTRUCTIONS in connections.instructions
 
 
+async def test_the_instructions_of_several_connections_are_each_introduced_and_separated(
+    server: RunningServer,
+) -> None:
+    connections = await connect(
+        define(server, name="one", allowlist=["read"], include_instructions=True),
+        define(server, name="two", allowlist=["search"]),
+        define(server, name="three", allowlist=["cite"], include_instructions=True),
+    )
+    await connections.close()
+    assert connections.instructions == (
+        f"Instructions from the one connection:\n{SERVER_INSTRUCTIONS}\n\n"
+        f"Instructions from the three connection:\n{SERVER_INSTRUCTIONS}"
+    )
+
+
 # End to end through the agent loop
 
 

@@ -878,6 +878,7 @@ async def test_after_a_refused_credential_no_further_request_is_sent(stage: Any)
 
     work = second()
     with pytest.raises(McpConnectionError) as raised:
-        await client.request(work, stage=stage)
-    assert (raised.value.code, raised.value.reason, sent) == ("authorization_required", "unauthorized", [])
+        await client.request(work, stage=stage, tool="docs__x")
+    assert identity(raised.value)[:4] == ("authorization_required", "unauthorized", "docs", "docs__x")
+    assert sent == []
     assert work.cr_frame is None  # closed, never started
