@@ -32,7 +32,7 @@ from bastion.stores import (
 from bastion.stores.chat import ChatEndpoint, chat_routes
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
-from tests.durable_cluster import free_port, user_message
+from tests.durable_cluster import free_port, until, user_message
 from tests.scripted import ScriptedModel
 from tests.test_chat_routes import Project
 from tests.test_live_turns import GatedModel
@@ -247,11 +247,13 @@ async def test_a_durable_turn_streams_in_its_workflow_can_be_stopped_and_is_prun
             posted = asyncio.ensure_future(http.post(f"{url}/api/chat", json=body, headers=headers))
             await gated.waiting.wait()
             # Once its workflow exists, the running turn's stream log marks its run durable.
-            for _ in range(200):
-                [(_, status, durable)] = runs(migrated_database, stopped_conversation)
-                if durable:
-                    break
-                await asyncio.sleep(0.05)
+            try:
+                [(_, status, durable)] = await until(
+                    lambda: [run for run in runs(migrated_database, stopped_conversation) if run[2]], 10
+                )
+            except AssertionError:
+                gated.gate.set()  # let the turn end, so the server can stop and the test fail
+                raise
             assert (status, durable) == ("running", True)
             stop = await http.post(f"{url}/api/chat/{stopped_conversation}/stop", headers=headers)
             assert stop.status_code == 200 and stop.json()["settled"] is True

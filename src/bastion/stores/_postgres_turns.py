@@ -92,7 +92,8 @@ class PostgresAgentPersistence(TurnPersistence):
     refused with `ConversationBusyError`, which carries `Retry-After`.
 
     A run a durable workflow runs (`bastion.durable`) is marked durable once its workflow exists
-    (`mark_durable`): it is not replaced when its process dies, since a live process adopts it
+    (a durable chat turn's stream log carries the mark with its next write; `mark_durable` marks on
+    its own): it is not replaced when its process dies, since a live process adopts it
     (`adopt_run`) and finishes it; only its lease running out frees its conversation then.
     """
 
@@ -113,8 +114,9 @@ class PostgresAgentPersistence(TurnPersistence):
         self._tails = store._tails
 
     async def mark_durable(self, context: TurnContext, state: TurnState) -> bool:
-        """Mark the run durable, once a durable workflow runs it (one round trip): from now on it waits
-        for its take-over when its process dies instead of being replaced. False when it no longer runs."""
+        """Mark the run durable, once a durable workflow runs it (one round trip of its own; durable
+        chat turns let their stream log carry the mark instead): from now on it waits for its
+        take-over when its process dies instead of being replaced. False when it no longer runs."""
         with database_errors():
             async with self._store.transaction(context.identity) as conn:
                 cursor = await conn.execute("select bastion.mark_run_durable(%s)", (state.run_id,))

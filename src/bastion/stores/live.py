@@ -180,16 +180,17 @@ class ChunkLog:
                 if not segment.chunks and len(self._segments) == 1 and not self._closed:
                     break
                 self._segments.pop(0)
-                if not await self._write(ChunkBatch(segment.seq, segment.chunks, segment.reset)):
+                if not await self._write(segment.seq, segment.chunks, segment.reset):
                     self._segments.insert(0, segment)
                     return
             if self._mark_durable:
-                await self._write(ChunkBatch(self._position, ()))
+                await self._write(self._position, (), False)
 
-    async def _write(self, batch: ChunkBatch) -> bool:
+    async def _write(self, seq: int, chunks: Sequence[Chunk], reset: bool) -> bool:
+        """One batch to the sink, carrying the durable mark if one is pending; False when it failed."""
         marking = self._mark_durable
         try:
-            stop = await self._sink(ChunkBatch(batch.seq, batch.chunks, batch.reset, durable=marking))
+            stop = await self._sink(ChunkBatch(seq, chunks, reset, durable=marking))
         except Exception:
             logger.warning("Writing a run's stream failed; it is retried with the next batch.")
             return False
