@@ -14,10 +14,16 @@ Every write is keyed by its event (each row keeps the id of the event that wrote
 only newer ones), so a redelivered event stores nothing new — a `run.started` delivered again after
 the run finished opens no second run and leaves its status alone. Conversations of anonymous users
 are skipped. The hook writes as the application server (a member of `bastion_runtime`).
+
+A batch is written in one statement, one round trip: the hook turns each event into its parameters
+(the canonical conversion stays here) and the chat tables' function `bastion.persist_session_events`
+(migration 0002) applies them event by event, in order, with the guards above.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Sequence
 from typing import Any, Final, TypeAlias
 
@@ -46,73 +52,13 @@ PERSIST_SESSIONS_EVENTS: Final = frozenset(
     {"run.started", "message.received", "message.completed", "message.deleted", *_FINAL}
 )
 
-_CHAT: Final = """
-insert into bastion.ai_chats (id, conversation_id, owner_id, tenant_id, agent_id, title, last_message_at)
-values (%s, %s, %s, %s, %s, %s, %s)
-on conflict (id) do nothing
-"""
+_WRITE: Final = "select bastion.persist_session_events(%s)"
 
-_RUN_STARTED: Final = """
-with opened as (
-  insert into bastion.ai_runs (id, chat_id, owner_id, tenant_id, event_id, started_at)
-  values (%(run)s, %(chat)s, %(owner)s, %(tenant)s, %(event)s, %(at)s)
-  on conflict (id) do nothing
-  returning id
-)
-update bastion.ai_chats c set active_run_id = o.id, updated_at = now()
-  from opened o
- where c.id = %(chat)s
-"""
+# The batch's JSON as compact as the encoder makes it (parsed from JSON, it holds no cycles).
+_dumps: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
 
-_RUN_FINISHED: Final = """
-with settled as (
-  insert into bastion.ai_runs
-    (id, chat_id, owner_id, tenant_id, status, usage, event_id, started_at, ended_at)
-  values (%(run)s, %(chat)s, %(owner)s, %(tenant)s, %(status)s, %(usage)s, %(event)s, %(at)s, %(at)s)
-  on conflict (id) do update
-     set status = excluded.status, usage = excluded.usage, event_id = excluded.event_id,
-         ended_at = excluded.ended_at
-   where bastion.ai_runs.event_id < excluded.event_id
-  returning id, assistant_message_id
-),
-message as (
-  update bastion.ai_messages m set status = %(message_status)s, updated_at = now()
-    from settled s
-   where m.chat_id = %(chat)s and m.id = s.assistant_message_id
-)
-update bastion.ai_chats c set active_run_id = null, updated_at = now()
-  from settled s
- where c.id = %(chat)s and c.active_run_id = s.id
-"""
-
-_MESSAGE: Final = """
-with written as (
-  insert into bastion.ai_messages
-    (chat_id, id, parent_id, owner_id, tenant_id, role, parts, format, native, metadata, run_id, event_id,
-     created_at)
-  values (%(chat)s, %(id)s, %(parent)s, %(owner)s, %(tenant)s, %(role)s, %(parts)s, %(format)s, %(native)s,
-          %(metadata)s, %(run)s, %(event)s, %(at)s)
-  on conflict (chat_id, id) do update
-     set parent_id = excluded.parent_id, parts = excluded.parts, native = excluded.native,
-         metadata = excluded.metadata, run_id = coalesce(excluded.run_id, bastion.ai_messages.run_id),
-         event_id = excluded.event_id, updated_at = now()
-   where bastion.ai_messages.event_id < excluded.event_id
-  returning id
-),
-run as (
-  update bastion.ai_runs r set assistant_message_id = w.id
-    from written w
-   where %(role)s = 'assistant' and r.id = %(run)s
-)
-update bastion.ai_chats c
-   set current_leaf_id = %(id)s, leaf_event_id = %(event)s, last_message_at = %(at)s, updated_at = now()
- where c.id = %(chat)s and c.leaf_event_id < %(event)s
-"""
-
-_DELETED: Final = """
-update bastion.ai_chats c set current_leaf_id = %(parent)s, leaf_event_id = %(event)s, updated_at = now()
- where c.id = %(chat)s and c.current_leaf_id = %(id)s and c.leaf_event_id < %(event)s
-"""
+# A conversation's chat id, hashed once per process rather than once per event.
+_chat_id: Final = functools.lru_cache(maxsize=4096)(chat_id_of)
 
 
 def persist_sessions(
@@ -129,40 +75,13 @@ def persist_sessions(
     copied in full."""
 
     async def write(events: Sequence[HookEvent]) -> None:
-        signed_in = [event for event in events if event.signed_in]
-        if not signed_in:
+        batch = _batch(events, agent_id, title)
+        if not batch:
             return
-        chats: set[str] = set()
         async with pool.connection() as conn:
             if not conn.autocommit:
                 await conn.set_autocommit(True)
-            async with conn.transaction(), conn.pipeline():
-                for event in signed_in:
-                    chat = chat_id_of(event.conversation_id)
-                    if chat not in chats:
-                        chats.add(chat)
-                        await conn.execute(
-                            _CHAT,
-                            (
-                                chat,
-                                event.conversation_id,
-                                event.user_id,
-                                event.tenant_id,
-                                agent_id,
-                                title,
-                                event.created_at,
-                            ),
-                        )
-                    statement, extra = _write(event)
-                    if statement is not None:
-                        params = {
-                            "chat": chat,
-                            "owner": event.user_id,
-                            "tenant": event.tenant_id,
-                            "event": event.id,
-                            "at": event.created_at,
-                        }
-                        await conn.execute(statement, params | extra)
+            await conn.execute(_WRITE, (Jsonb(batch, dumps=_dumps),))
 
     async def handle(event: HookEvent) -> None:
         await write([event])
@@ -177,36 +96,65 @@ def persist_sessions(
     )
 
 
-def _write(event: HookEvent) -> tuple[str | None, dict[str, Any]]:
+def _batch(events: Sequence[HookEvent], agent_id: str | None, title: str) -> list[dict[str, Any]]:
+    """The function's parameters of each signed-in event, in order; the first event of each chat also
+    carries its `ai_chats` row."""
+    batch: list[dict[str, Any]] = []
+    chats: set[str] = set()
+    for event in events:
+        if not event.signed_in:
+            continue
+        conversation = event.conversation_id
+        chat = _chat_id(conversation)
+        params = _write(event)
+        params["chat"] = chat
+        params["owner"] = event.user_id
+        params["tenant"] = event.tenant_id
+        params["event"] = event.id
+        params["at"] = event.created_at.isoformat()
+        if chat not in chats:
+            chats.add(chat)
+            params["conversation"] = conversation
+            params["agent"] = agent_id
+            params["title"] = title
+        batch.append(params)
+    return batch
+
+
+def _write(event: HookEvent) -> dict[str, Any]:
+    """What the event writes (`write`, null for nothing) and the parameters of that write."""
     data = event.data
-    if event.type == "run.started":
-        return (_RUN_STARTED, {"run": event.run_id}) if event.run_id else (None, {})
-    if event.type in _FINAL:
+    kind = event.type
+    if kind == "run.started":
+        return {"write": "run_started", "run": event.run_id} if event.run_id else {"write": None}
+    final = _FINAL.get(kind)
+    if final is not None:
         run_id = data.get("runId") or event.run_id
         if not isinstance(run_id, str):
-            return None, {}
-        status, message_status = _FINAL[event.type]
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        return _RUN_FINISHED, {
+            return {"write": None}
+        usage = data.get("usage")
+        return {
+            "write": "run_finished",
             "run": run_id,
-            "status": status,
-            "message_status": message_status,
-            "usage": Jsonb(usage),
+            "status": final[0],
+            "message_status": final[1],
+            "usage": usage if isinstance(usage, dict) else {},
         }
-    if event.type == "message.deleted":
-        return _DELETED, {"id": data.get("messageId"), "parent": data.get("parentId")}
+    if kind == "message.deleted":
+        return {"write": "deleted", "id": data.get("messageId"), "parent": data.get("parentId")}
     message = data.get("message")
     if not isinstance(message, dict):
-        return None, {}
+        return {"write": None}
     assistant = data.get("role") == "assistant"
     metadata = message.get("metadata")
-    return _MESSAGE, {
+    return {
+        "write": "message",
         "id": data.get("messageId"),
         "parent": data.get("parentId"),
         "role": "assistant" if assistant else "user",
-        "parts": Jsonb(canonical_parts(message)),
+        "parts": canonical_parts(message),
         "format": "ai-sdk" if assistant else "canonical",
-        "native": Jsonb(message) if assistant else None,
-        "metadata": Jsonb(metadata if isinstance(metadata, dict) else {}),
+        "native": message if assistant else None,
+        "metadata": metadata if isinstance(metadata, dict) else {},
         "run": event.run_id,
     }
