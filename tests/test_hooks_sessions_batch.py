@@ -15,7 +15,7 @@ from tests.hook_scenarios import (
     turn,
     user_message,
 )
-from tests.hooks_db import HooksDatabase, someone
+from tests.hooks_db import HooksDatabase, as_user, someone
 from tests.test_hooks_sessions import chat_path, every_event, expected_path
 
 # `ai_chats.created_at` is the time of the insert, not of an event: like `updated_at`, it differs.
@@ -129,3 +129,15 @@ async def test_a_batch_of_several_users_conversations_writes_what_its_events_one
         ada.user_id,
     )
     assert statuses == [("aborted", 1), ("complete", 3), ("error", 1)]
+
+
+async def test_only_the_application_server_may_call_the_batch_function(hooks_database: HooksDatabase) -> None:
+    ada = someone()
+    call = "select bastion.persist_session_events('[]')"
+    for dsn in (hooks_database.app_dsn, hooks_database.direct_dsn):
+        try:
+            await as_user(dsn, ada, call)
+        except Exception as error:
+            assert type(error).__name__ == "InsufficientPrivilege"
+        else:
+            raise AssertionError("a user called the chat tables' writer")
