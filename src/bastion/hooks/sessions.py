@@ -57,7 +57,7 @@ _WRITE: Final = "select bastion.persist_session_events(%s)"
 # The batch's JSON as compact as the encoder makes it (parsed from JSON, it holds no cycles).
 _dumps: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
 
-# A conversation's chat id, hashed once per process rather than once per event.
+# A conversation's chat id, hashed once while it stays among the recent ones rather than once per event.
 _chat_id: Final = functools.lru_cache(maxsize=4096)(chat_id_of)
 
 
