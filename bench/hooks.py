@@ -44,7 +44,6 @@ from bastion.hooks import (
     apply_chat_table_migrations,
     apply_hooks_migrations,
     define_hook,
-    hook_queue_name,
     persist_sessions,
 )
 from bastion.stores import PostgresStore, apply_application_migrations, apply_migrations, available_migrations
@@ -128,7 +127,14 @@ class Costs:
 
 
 async def run(
-    *, users: int, turns: int, rounds: int, top: int = 0, queue_poll: float = 0.1, idle: float = 5.0
+    *,
+    users: int,
+    turns: int,
+    rounds: int,
+    top: int = 0,
+    queue_poll: float = 1.0,
+    batch_interval: float = 0.25,
+    idle: float = 5.0,
 ) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="bastion-hooks-bench-") as directory:
         postgres = BenchPostgres(Path(directory))
@@ -145,6 +151,7 @@ async def run(
                 rounds=rounds,
                 top=top,
                 queue_poll=queue_poll,
+                batch_interval=batch_interval,
                 idle=idle,
             )
         finally:
@@ -166,6 +173,7 @@ async def measure(
     rounds: int,
     top: int,
     queue_poll: float,
+    batch_interval: float,
     idle: float,
 ) -> list[str]:
     from bastion.assistant.hooks import usage_counter
@@ -223,7 +231,12 @@ async def measure(
             rates["off"].append(await measured("off", off, "hooks_off"))
             rates["outbox"].append(await measured("outbox", on, "hooks_on"))
         delivery = await HookDelivery.start(
-            engine, on.pool, hooks, listen_conninfo=on_dsn, queue_polling_interval=queue_poll
+            engine,
+            on.pool,
+            hooks,
+            listen_conninfo=on_dsn,
+            queue_polling_interval=queue_poll,
+            batch_interval=batch_interval,
         )
         drains: list[float] = []
 
@@ -300,7 +313,7 @@ select not exists (
           where s.hook = %s)
    and not exists (
          select 1 from dbos.workflow_status
-          where queue_name = %s and status in ('ENQUEUED', 'PENDING'))
+          where starts_with(workflow_uuid, %s) and status in ('ENQUEUED', 'PENDING'))
 """
 
 
@@ -310,7 +323,7 @@ async def wait_drained(dsn: str, hook: str) -> int:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         while True:
             polls += 1
-            row = await (await conn.execute(_DRAINED, (hook, hook_queue_name(hook)))).fetchone()
+            row = await (await conn.execute(_DRAINED, (hook, f"bastion.hook:{hook}:"))).fetchone()
             if row and row[0]:
                 return polls
             await asyncio.sleep(0.05)
@@ -321,7 +334,10 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=16)
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--queue-poll", type=float, default=0.1, help="seconds between queue polls")
+    parser.add_argument("--queue-poll", type=float, default=1.0, help="seconds between queue polls")
+    parser.add_argument(
+        "--batch-interval", type=float, default=0.25, help="least seconds between two batches of a hook"
+    )
     parser.add_argument("--top", type=int, default=0, help="list the N statements run most with delivery on")
     options = parser.parse_args()
     print("\n".join(asyncio.run(run(**vars(options)))))

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 
+import psycopg
+
 from bastion.stores import PostgresStore, StoreIdentity
 from tests.hook_scenarios import assistant_message, turn, user_message
 from tests.hooks_db import HooksDatabase, someone
 from tests.test_hooks_delivery import (
     calls,
     delivering,
+    dispatched,
     effects,
     hook_tables,
     outbox_ids,
@@ -32,10 +35,11 @@ async def turns(store: PostgresStore, who: StoreIdentity, conversation: str, *la
         await turn(store, who, conversation, [user_message(f"u{label}")], assistant_message(f"a{label}"))
 
 
-def workflows(database: HooksDatabase, hook: str) -> list[tuple[str, str]]:
+def workflows(database: HooksDatabase, hook: str) -> list[tuple[str, str | None]]:
+    """The hook's delivery workflows, each with the queue it was enqueued in (None: started)."""
     return database.rows(  # type: ignore[return-value]
-        "select workflow_uuid, queue_partition_key from dbos.workflow_status where queue_name = %s",
-        f"bastion.hooks.{hook}",
+        "select workflow_uuid, queue_name from dbos.workflow_status where starts_with(workflow_uuid, %s)",
+        f"bastion.hook:{hook}:",
     )
 
 
@@ -55,8 +59,8 @@ async def test_events_of_many_conversations_waiting_in_the_outbox_go_out_in_one_
         await until(lambda: len(effects(database, "recorder")) == len(expected))
     assert per_conversation(effects(database, "recorder")) == per_conversation(expected)
     assert set(calls(database, "recorder").values()) == {1}
-    [(workflow, partition)] = workflows(database, "recorder")
-    assert workflow.startswith("bastion.hook:recorder:") and partition == "~batches"
+    [(workflow, queue)] = workflows(database, "recorder")
+    assert workflow.startswith("bastion.hook:recorder:") and queue is None  # started, not enqueued
 
 
 async def test_a_conversation_whose_event_keeps_failing_holds_up_only_itself_and_then_goes_on_in_order(
@@ -139,6 +143,53 @@ async def test_a_delivery_enqueued_by_the_previous_version_one_per_conversation_
         assert await handle.get_result() == 0
         await until(lambda: set(calls(database, "recorder").values()) == {2})  # by it and by a batch
     assert effects(database, "recorder") == expected
+
+
+async def test_a_batch_enqueued_by_the_previous_version_runs_and_no_batch_starts_while_it_is_in_flight(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore
+) -> None:
+    from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
+
+    from bastion.hooks import delivery_workflow_id, hook_queue_name
+    from bastion.hooks.delivery import _deliver_batch
+
+    database = hook_tables
+    who, conversation = await conversation_of(hooks_store)
+    async with delivering(database, hooks_store, "recorder") as delivery:
+        await turns(hooks_store, who, conversation, "1")
+        await until(lambda: effects(database, "recorder") == outbox_ids(database))
+        handed_over = {event_id for event_id, _, _ in outbox_ids(database)}
+        database.execute("insert into public.hook_hold values ('run.completed')")
+        # As the previous version did, under the position's lock: the next turn's events enqueued as
+        # a batch in the hook's queue, and the position moved past them.
+        async with await psycopg.AsyncConnection.connect(database.admin_dsn) as lock, lock.transaction():
+            await lock.execute("select 1 from bastion.hook_subscriptions where hook = 'recorder' for update")
+            await turns(hooks_store, who, conversation, "2")
+            ids = [event_id for event_id, _, _ in outbox_ids(database) if event_id not in handed_over]
+            with (
+                SetWorkflowID(delivery_workflow_id("recorder", ids[0], ids[-1])),
+                SetEnqueueOptions(queue_partition_key="~batches"),
+            ):
+                await DBOS.enqueue_workflow_async(
+                    hook_queue_name("recorder"), _deliver_batch, "recorder", [(conversation, ids)], 0
+                )
+            await lock.execute(
+                "update bastion.hook_subscriptions s set position_tx = e.tx, position_id = e.id"
+                " from bastion.hook_events e where s.hook = 'recorder' and e.id = %s",
+                (ids[-1],),
+            )
+        await until(lambda: calls(database, "recorder").get(ids[-1]) == 1)  # it runs, held in the hook
+        await turns(hooks_store, who, conversation, "3")
+        # That batch is in flight, so the dispatcher starts none, woken by the turn or not.
+        await asyncio.sleep(1.0)
+        assert await delivery.dispatch() == 0
+        assert not dispatched(database, "recorder")
+        assert set(calls(database, "recorder")) == handed_over | set(ids)
+        database.execute("delete from public.hook_hold")
+        expected = outbox_ids(database)
+        await until(lambda: len(effects(database, "recorder")) == len(expected))
+    assert effects(database, "recorder") == expected
+    assert set(calls(database, "recorder").values()) == {1}
 
 
 async def test_while_a_batch_waits_to_run_new_events_wait_in_the_outbox_to_go_out_together(

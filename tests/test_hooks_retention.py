@@ -41,7 +41,7 @@ def unfinished(database: HooksDatabase) -> int:
     """Delivery workflows enqueued or running."""
     [(count,)] = database.rows(
         "select count(*) from dbos.workflow_status"
-        " where queue_name like 'bastion.hooks.%%' and status in ('ENQUEUED', 'PENDING')"
+        " where starts_with(workflow_uuid, 'bastion.hook:') and status in ('ENQUEUED', 'PENDING')"
     )
     return int(count)
 
@@ -151,7 +151,7 @@ async def test_the_bastion_hooks_command_prunes_delivered_events_and_finished_de
     assert code == 0
     assert pruned.startswith(f"Pruned {len(expected)} event(s) every hook has passed, 0 failure record(s)")
     assert outbox_ids(database) == []
-    deliveries = "select count(*) from dbos.workflow_status where queue_name = 'bastion.hooks.recorder'"
+    deliveries = "select count(*) from dbos.workflow_status where starts_with(workflow_uuid, 'bastion.hook:')"
     assert database.rows(deliveries) == [(0,)]
     code, _, refused = await asyncio.to_thread(
         bastion_hooks, database, tmp_path, "replay", "recorder", "--from", str(expected[0][0])

@@ -1,19 +1,23 @@
 """Delivery of the outbox to hooks on DBOS queues, so a dead worker's deliveries are finished by a live one.
 
 Each process runs a dispatcher: woken by the outbox's notifications (channel `bastion_hooks`) and
-polling slowly as well, it takes each hook's next events and enqueues one workflow delivering all of
+polling slowly as well, it takes each hook's next events and starts one workflow delivering all of
 them, grouped by conversation in order, with the id
 `bastion.hook:{hook}:{first event id}-{last event id}` (zero-padded, so ids sort in event order; a
-replay adds `:r{generation}`), then moves the hook's position. Enqueuing an id again is a no-op, so
-a dispatcher that dies between the enqueue and the move loses nothing: the next one enqueues the
-same batch again, or (if more events arrived meanwhile) a longer one, whose events already handed
-over are delivered a second time — at least once, as always. A hook's batches run one at a time, in
-order; while one waits to run the dispatcher leaves that hook's new events in the outbox, so a busy
-system hands them over in fewer, larger batches (each workflow costs DBOS a few transactions
-however many events it carries), at the cost of the wait for the batch ahead.
+replay adds `:r{generation}`), then moves the hook's position. Starting an id again is a no-op, so
+a dispatcher that dies between the start and the move loses nothing: the next one starts the same
+batch again, or (if more events arrived meanwhile) a longer one, whose events already handed over
+are delivered a second time — at least once, as always. A hook's batches run one at a time, in
+order, and start at least `batch_interval` apart: the dispatcher starts none while one of the
+hook's batches is in flight in any process (it looks for one in DBOS's table under the position's
+lock), and events arriving meanwhile wait in the outbox for the next, so a busy system hands them
+over in fewer, larger batches (each workflow costs DBOS a few transactions however many events it
+carries). A batch whose process dies is recovered by a live process's janitor (`DurableEngine`).
 
-Each hook has a queue of its own (`bastion.hooks.{hook}`), partitioned with one delivery at a time
-per partition: the batches share one partition, and a conversation set aside has its own. A batch
+Batches are started, not enqueued: a queue would add a wait for its next poll, and polling a queue
+often enough for a short lag cost more CPU than delivering. Each hook still has a queue of its own
+(`bastion.hooks.{hook}`, polled every `queue_polling_interval`), partitioned with one delivery at a
+time per partition, for the conversations set aside. A batch
 calls the hook in one step with each conversation's events in order; when an event fails (and may be
 retried), the batch sets that conversation aside: it records a hold and enqueues a delivery of the
 conversation's remaining events in the conversation's partition, which retries the failed event with
@@ -24,8 +28,9 @@ only its own conversation of its own hook, never a turn (turns only write the ou
 or another conversation. Every failed attempt is recorded for the operator; after the last one the
 delivery gives up on that event and goes on (`replay` delivers it again).
 
-Workflows the previous version enqueued (`bastion.hooks.deliver`, one per conversation) still run
-as they did, so deliveries in flight across an upgrade finish.
+Workflows earlier versions enqueued (batches in the queue's `~batches` partition, and
+`bastion.hooks.deliver`, one per conversation) still run from the hook's queue, and a batch waiting
+there counts as in flight, so deliveries in flight across an upgrade finish, in order.
 
 DBOS records a step's outcome after it returns, so a worker killed after the hook acted and before
 that record makes the next worker call the hook again with the step's events: delivery is at least
@@ -37,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Final, TypeAlias
 
 import psycopg
@@ -64,6 +70,11 @@ Pool: TypeAlias = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
 CHANNEL: Final = "bastion_hooks"
 _BEHIND_RETRY: Final = 0.02
+# A hook's batch in flight: any of its batch workflows not finished, started or enqueued anywhere.
+_IN_FLIGHT: Final = (
+    "select exists (select 1 from dbos.workflow_status where status in ('ENQUEUED', 'PENDING')"
+    " and name = 'bastion.hooks.deliver_batch' and starts_with(workflow_uuid, %s))"
+)
 # Conversations of a batch a hook without `handle_batch` is called for at once (each in order).
 _CONVERSATIONS_AT_ONCE: Final = 8
 _active: HookDelivery | None = None
@@ -204,9 +215,11 @@ class HookDelivery:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._behind = False
-        self._waiting = False
-        self._gather = 0.0
-        self._queue_poll = 0.1
+        self._interval = 0.25
+        # Per hook: its batch running in this process, and when its next batch may start.
+        self._running: dict[str, asyncio.Future[int]] = {}
+        self._next_start: dict[str, float] = {}
+        self._due: float | None = None
 
     @classmethod
     async def start(
@@ -218,13 +231,13 @@ class HookDelivery:
         listen_conninfo: str,
         poll_interval: float = 1.0,
         batch_size: int = 500,
-        queue_polling_interval: float = 0.1,
-        gather_delay: float = 0.05,
+        queue_polling_interval: float = 1.0,
+        batch_interval: float = 0.25,
     ) -> HookDelivery:
         """Register the hooks and their queues (each polled every `queue_polling_interval` seconds, the
-        wait between two deliveries of one conversation), then dispatch until `close`. A wake-up waits
-        `gather_delay` seconds before dispatching, so a busy outbox is handed over in fewer, larger
-        batches (each delivery workflow costs DBOS a few transactions)."""
+        wait before a conversation set aside is delivered again), then dispatch until `close`. A hook's
+        batches start at least `batch_interval` seconds apart, so a busy outbox is handed over in
+        fewer, larger batches (each delivery workflow costs DBOS a few transactions)."""
         global _active
         if _active is not None:
             raise RuntimeError("Hook delivery already runs in this process.")
@@ -236,8 +249,7 @@ class HookDelivery:
             poll_interval=poll_interval,
             batch_size=batch_size,
         )
-        delivery._gather = gather_delay
-        delivery._queue_poll = queue_polling_interval
+        delivery._interval = batch_interval
         await delivery.outbox.register(hooks)
         for hook in hooks:
             await engine.register_queue(
@@ -262,12 +274,16 @@ class HookDelivery:
         self._wake.set()
 
     async def dispatch(self) -> int:
-        """Hand every hook's next events to its queue; returns how many workflows were enqueued."""
-        enqueued = 0
-        self._behind = self._waiting = False
+        """Start a batch of each hook's next events where none is in flight; returns how many."""
+        started = 0
+        self._behind, self._due = False, None
         for hook in self.hooks:
-            if await self._batch_waiting(hook.name):
-                self._waiting = True  # hand the new events over with what follows, once the batch ahead runs
+            running = self._running.get(hook.name)
+            if running is not None and not running.done():
+                continue  # its end wakes the dispatcher
+            due = self._next_start.get(hook.name, 0.0)
+            if time.monotonic() < due:
+                self._wait_until(due)
                 continue
             async with self.outbox.window(hook.name, limit=self._batch, load=False) as opened:
                 if opened is None:
@@ -277,37 +293,41 @@ class HookDelivery:
                 for event_id, conversation in window.taken:
                     batch.setdefault(conversation, []).append(event_id)
                 if batch:
+                    if await self._in_flight(conn, hook.name):
+                        # Another process's batch (or one recovered, or enqueued by an earlier version).
+                        self._wait_until(time.monotonic() + self._interval)
+                        continue
                     first, last = window.taken[0][0], window.taken[-1][0]
-                    await self._enqueue(hook, first, last, batch, window.generation)
-                    enqueued += 1
+                    await self._start(hook, first, last, batch, window.generation)
+                    started += 1
                 if window.position is not None:
                     await self.outbox.advance(conn, hook.name, window.position)
-                if window.full:
-                    self._wake.set()
-                self._behind = self._behind or window.behind
-        return enqueued
+                self._behind = self._behind or window.behind or window.full
+        return started
 
-    async def _batch_waiting(self, hook: str) -> bool:
-        """Whether one of the hook's batches is enqueued and not yet running."""
-        async with self._pool.connection() as conn:
-            cursor = await conn.execute(
-                "select exists (select 1 from dbos.workflow_status where queue_name = %s"
-                " and queue_partition_key = %s and status = 'ENQUEUED')",
-                (hook_queue_name(hook), _BATCHES),
-            )
-            row = await cursor.fetchone()
+    def _wait_until(self, due: float) -> None:
+        self._due = due if self._due is None else min(self._due, due)
+
+    async def _in_flight(self, conn: psycopg.AsyncConnection[TupleRow], hook: str) -> bool:
+        row = await (await conn.execute(_IN_FLIGHT, (f"bastion.hook:{hook}:",))).fetchone()
         return bool(row and row[0])
 
-    async def _enqueue(
+    async def _start(
         self, hook: Hook, first: int, last: int, batch: dict[str, list[int]], generation: int
     ) -> None:
-        with (
-            SetWorkflowID(delivery_workflow_id(hook.name, first, last, generation)),
-            SetEnqueueOptions(queue_partition_key=_BATCHES),
-        ):
-            await DBOS.enqueue_workflow_async(
-                hook_queue_name(hook.name), _deliver_batch, hook.name, list(batch.items()), generation
+        with SetWorkflowID(delivery_workflow_id(hook.name, first, last, generation)):
+            handle = await DBOS.start_workflow_async(
+                _deliver_batch, hook.name, list(batch.items()), generation
             )
+        self._next_start[hook.name] = time.monotonic() + self._interval
+        running = asyncio.ensure_future(handle.get_result())
+        running.add_done_callback(self._batch_ended)
+        self._running[hook.name] = running
+
+    def _batch_ended(self, running: asyncio.Future[int]) -> None:
+        if not running.cancelled() and running.exception() is not None:
+            logger.warning("A hook's delivery batch failed.", exc_info=running.exception())
+        self._wake.set()
 
     async def attempt_batch(self, hook_name: str, batch: Batch, generation: int) -> Aside:
         hook = self.hook(hook_name)
@@ -387,13 +407,12 @@ class HookDelivery:
             except Exception:
                 logger.warning("Dispatching hook events failed; trying again.", exc_info=True)
             # Committed events behind a transaction still running: look again soon, as that
-            # transaction's end may notify nobody.
-            # A batch waiting for the queue's next poll: look again after that poll.
-            wait = _BEHIND_RETRY if self._behind else self._queue_poll if self._waiting else self._poll
+            # transaction's end may notify nobody. A hook waiting for its next batch's start: then.
+            wait = _BEHIND_RETRY if self._behind else self._poll
+            if self._due is not None:
+                wait = min(wait, max(0.0, self._due - time.monotonic()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
-            if self._gather:
-                await asyncio.sleep(self._gather)
 
     async def _listen(self) -> None:
         while True:
@@ -419,6 +438,10 @@ class HookDelivery:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        # Stop waiting for the batches (shielded: DBOS's own tasks run on, or are recovered).
+        for running in self._running.values():
+            running.cancel()
+        self._running.clear()
         if _active is self:
             _active = None
 
@@ -427,9 +450,9 @@ async def queued_deliveries(pool: Pool) -> dict[str, int]:
     """Deliveries enqueued or running (handed to DBOS, not finished), per hook."""
     async with pool.connection() as conn:
         cursor = await conn.execute(
-            "select queue_name, count(*) from dbos.workflow_status"
-            " where queue_name like 'bastion.hooks.%%' and status in ('ENQUEUED', 'PENDING')"
-            " group by queue_name"
+            "select split_part(workflow_uuid, ':', 2), count(*) from dbos.workflow_status"
+            " where starts_with(workflow_uuid, 'bastion.hook:') and status in ('ENQUEUED', 'PENDING')"
+            " group by 1"
         )
         rows = await cursor.fetchall()
-    return {name.removeprefix("bastion.hooks."): count for name, count in rows}
+    return {name: count for name, count in rows}

@@ -18,7 +18,7 @@ from typing import Final
 from dbos import DBOSClient
 
 from bastion.durable import DURABLE_SCHEMA, system_database_url
-from bastion.hooks.delivery import Pool, hook_queue_name
+from bastion.hooks.delivery import Pool
 
 __all__ = ["Pruned", "prune_deliveries", "prune_outbox"]
 
@@ -36,7 +36,7 @@ delivering as (
   select e.tx, e.id from dbos.workflow_status w
     join bastion.hook_events e
       on e.id = substring(w.workflow_uuid from '^bastion[.]hook:[^:]+:([0-9]{19})-')::bigint
-   where w.queue_name like 'bastion.hooks.%%' and w.status in ('ENQUEUED', 'PENDING')
+   where starts_with(w.workflow_uuid, 'bastion.hook:') and w.status in ('ENQUEUED', 'PENDING')
    order by e.tx, e.id
    limit 1
 ),
@@ -94,7 +94,7 @@ async def prune_deliveries(conninfo: str, hooks: list[str], older_than: timedelt
     try:
         finished = (
             await client.list_workflows_async(
-                queue_name=[hook_queue_name(hook) for hook in hooks],
+                workflow_id_prefix=[f"bastion.hook:{hook}:" for hook in hooks],
                 status=["SUCCESS", "ERROR", "CANCELLED"],
                 completed_before=cutoff,
                 load_input=False,
