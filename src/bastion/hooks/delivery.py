@@ -70,10 +70,11 @@ Pool: TypeAlias = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
 CHANNEL: Final = "bastion_hooks"
 _BEHIND_RETRY: Final = 0.02
-# A hook's batch in flight: any of its batch workflows not finished, started or enqueued anywhere.
+# A hook's batch in flight: any of its batch workflows not finished, started or enqueued anywhere
+# (`bastion.hooks.deliver_batch`: one the previous version enqueued).
 _IN_FLIGHT: Final = (
     "select exists (select 1 from dbos.workflow_status where status in ('ENQUEUED', 'PENDING')"
-    " and name = 'bastion.hooks.deliver_batch' and starts_with(workflow_uuid, %s))"
+    " and name in ('bastion.hooks.batch', 'bastion.hooks.deliver_batch') and starts_with(workflow_uuid, %s))"
 )
 # Conversations of a batch a hook without `handle_batch` is called for at once (each in order).
 _CONVERSATIONS_AT_ONCE: Final = 8
@@ -128,21 +129,55 @@ async def _attempt(hook: str, event_ids: list[int], generation: int, attempt: in
     return await delivery.attempt(hook, event_ids, generation, attempt)
 
 
+@DBOS.step(name="bastion.hooks.set_aside")
+async def _set_aside(hook: str, batch_workflow_id: str, aside: Aside) -> Aside:
+    """Hold the conversations set aside for the batch's lanes; returns them as recorded, so a batch
+    run again after a crash enqueues the lanes its first run enqueued."""
+    lanes = [(conversation, _lane(batch_workflow_id, conversation)) for conversation, _, _ in aside]
+    await _delivery().outbox.hold(hook, lanes)
+    return aside
+
+
+def _lane(batch_workflow_id: str, conversation: str) -> str:
+    return f"{batch_workflow_id}:c{conversation}"
+
+
+@DBOS.workflow(name="bastion.hooks.batch")
+async def _deliver_events(hook: str, batch: Batch, generation: int) -> int:
+    """Deliver a batch of the hook's events, setting aside each conversation one of whose events
+    failed or that is held already; returns how many conversations were set aside.
+
+    The hook is called in the workflow itself, not in a step (a step's check and record would cost
+    DBOS two transactions per batch): a run again after a crash calls it again with the batch, as a
+    step not yet recorded would. Its conversations held by the first run's lanes count as held, and
+    the lanes come from the recorded `_set_aside`, so the run enqueues what the first one did."""
+    aside = await _delivery().attempt_batch(hook, batch, generation)
+    if not aside:
+        return 0
+    aside = await _set_aside(hook, DBOS.workflow_id or "", aside)
+    await _enqueue_lanes(hook, aside, generation)
+    return len(aside)
+
+
+async def _enqueue_lanes(hook: str, aside: Aside, generation: int) -> None:
+    own = DBOS.workflow_id or ""
+    for conversation, event_ids, tried in aside:
+        with SetWorkflowID(_lane(own, conversation)), SetEnqueueOptions(queue_partition_key=conversation):
+            await DBOS.enqueue_workflow_async(
+                hook_queue_name(hook), _deliver_aside, hook, conversation, event_ids, generation, tried
+            )
+
+
 @DBOS.workflow(name="bastion.hooks.deliver_batch")
 async def _deliver_batch(hook: str, batch: Batch, generation: int) -> int:
-    """Deliver a batch of the hook's events, setting aside each conversation one of whose events
-    failed or that is held already; returns how many conversations were set aside."""
+    """A batch as the previous version enqueued it (the hook called in a step): kept so batches in
+    flight across an upgrade still finish."""
     aside = await _attempt_batch(hook, batch, generation)
     if not aside:
         return 0
     own = DBOS.workflow_id or ""
-    lanes = [(conversation, f"{own}:c{conversation}") for conversation, _, _ in aside]
-    await _hold(hook, lanes)
-    for (conversation, event_ids, tried), (_, lane) in zip(aside, lanes, strict=True):
-        with SetWorkflowID(lane), SetEnqueueOptions(queue_partition_key=conversation):
-            await DBOS.enqueue_workflow_async(
-                hook_queue_name(hook), _deliver_aside, hook, conversation, event_ids, generation, tried
-            )
+    await _hold(hook, [(conversation, _lane(own, conversation)) for conversation, _, _ in aside])
+    await _enqueue_lanes(hook, aside, generation)
     return len(aside)
 
 
@@ -317,7 +352,7 @@ class HookDelivery:
     ) -> None:
         with SetWorkflowID(delivery_workflow_id(hook.name, first, last, generation)):
             handle = await DBOS.start_workflow_async(
-                _deliver_batch, hook.name, list(batch.items()), generation
+                _deliver_events, hook.name, list(batch.items()), generation
             )
         self._next_start[hook.name] = time.monotonic() + self._interval
         running = asyncio.ensure_future(handle.get_result())
