@@ -133,7 +133,7 @@ async def run(
     rounds: int,
     top: int = 0,
     queue_poll: float = 1.0,
-    batch_interval: float = 0.25,
+    batch_interval: float = 0.5,
     idle: float = 5.0,
 ) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="bastion-hooks-bench-") as directory:
@@ -336,7 +336,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--queue-poll", type=float, default=1.0, help="seconds between queue polls")
     parser.add_argument(
-        "--batch-interval", type=float, default=0.25, help="least seconds between two batches of a hook"
+        "--batch-interval", type=float, default=0.5, help="least seconds between two batches of a hook"
     )
     parser.add_argument("--top", type=int, default=0, help="list the N statements run most with delivery on")
     options = parser.parse_args()

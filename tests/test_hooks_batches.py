@@ -127,7 +127,7 @@ async def test_a_delivery_enqueued_by_the_previous_version_one_per_conversation_
     from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
 
     from bastion.hooks import delivery_workflow_id, hook_queue_name
-    from bastion.hooks.delivery import _deliver
+    from bastion.hooks._batches import _deliver
 
     database = hook_tables
     who, conversation = await conversation_of(hooks_store)
@@ -151,7 +151,7 @@ async def test_a_batch_enqueued_by_the_previous_version_runs_and_no_batch_starts
     from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
 
     from bastion.hooks import delivery_workflow_id, hook_queue_name
-    from bastion.hooks.delivery import _deliver_batch
+    from bastion.hooks._batches import _deliver_batch
 
     database = hook_tables
     who, conversation = await conversation_of(hooks_store)

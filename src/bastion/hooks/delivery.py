@@ -1,4 +1,4 @@
-"""Delivery of the outbox to hooks on DBOS queues, so a dead worker's deliveries are finished by a live one.
+"""Delivery of the outbox to hooks on DBOS, so a dead worker's deliveries are finished by a live one.
 
 Each process runs a dispatcher: woken by the outbox's notifications (channel `bastion_hooks`) and
 polling slowly as well, it takes each hook's next events and starts one workflow delivering all of
@@ -12,13 +12,14 @@ order, and start at least `batch_interval` apart: the dispatcher starts none whi
 hook's batches is in flight in any process (it looks for one in DBOS's table under the position's
 lock), and events arriving meanwhile wait in the outbox for the next, so a busy system hands them
 over in fewer, larger batches (each workflow costs DBOS a few transactions however many events it
-carries). A batch whose process dies is recovered by a live process's janitor (`DurableEngine`).
+carries); with little load a batch starts as soon as its events are written. A batch whose process
+dies is recovered by a live process's janitor (`DurableEngine`).
 
 Batches are started, not enqueued: a queue would add a wait for its next poll, and polling a queue
 often enough for a short lag cost more CPU than delivering. Each hook still has a queue of its own
 (`bastion.hooks.{hook}`, polled every `queue_polling_interval`), partitioned with one delivery at a
 time per partition, for the conversations set aside. A batch
-calls the hook in one step with each conversation's events in order; when an event fails (and may be
+calls the hook in its workflow with each conversation's events in order; when an event fails (and may be
 retried), the batch sets that conversation aside: it records a hold and enqueues a delivery of the
 conversation's remaining events in the conversation's partition, which retries the failed event with
 a durable sleep between attempts (the hook's `RetryPolicy`) before the next, then releases the hold.
@@ -32,8 +33,8 @@ Workflows earlier versions enqueued (batches in the queue's `~batches` partition
 `bastion.hooks.deliver`, one per conversation) still run from the hook's queue, and a batch waiting
 there counts as in flight, so deliveries in flight across an upgrade finish, in order.
 
-DBOS records a step's outcome after it returns, so a worker killed after the hook acted and before
-that record makes the next worker call the hook again with the step's events: delivery is at least
+A worker killed after the hook acted and before DBOS recorded the outcome (the batch's end, or a
+retry's step) makes the next worker call the hook again with those events: delivery is at least
 once, and a hook keyed by `HookEvent.id` acts once in effect.
 """
 
@@ -46,11 +47,22 @@ import time
 from typing import Final, TypeAlias
 
 import psycopg
-from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
+from dbos import DBOS, SetWorkflowID
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
 from bastion.durable import DurableEngine
+from bastion.hooks._batches import (
+    BATCH_WORKFLOWS,
+    Aside,
+    Batch,
+    SetAside,
+    activate,
+    deactivate,
+    deliver_events,
+    delivery_workflow_id,
+    hook_queue_name,
+)
 from bastion.hooks.events import HookEvent
 from bastion.hooks.outbox import PostgresHookOutbox
 from bastion.hooks.registry import Hook, HookRegistry
@@ -70,156 +82,13 @@ Pool: TypeAlias = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
 CHANNEL: Final = "bastion_hooks"
 _BEHIND_RETRY: Final = 0.02
-# A hook's batch in flight: any of its batch workflows not finished, started or enqueued anywhere
-# (`bastion.hooks.deliver_batch`: one the previous version enqueued).
+# A hook's batch in flight: any of its batch workflows not finished, started or enqueued anywhere.
 _IN_FLIGHT: Final = (
     "select exists (select 1 from dbos.workflow_status where status in ('ENQUEUED', 'PENDING')"
-    " and name in ('bastion.hooks.batch', 'bastion.hooks.deliver_batch') and starts_with(workflow_uuid, %s))"
+    " and name = any(%s) and starts_with(workflow_uuid, %s))"
 )
 # Conversations of a batch a hook without `handle_batch` is called for at once (each in order).
 _CONVERSATIONS_AT_ONCE: Final = 8
-_active: HookDelivery | None = None
-
-
-def hook_queue_name(hook: str) -> str:
-    return f"bastion.hooks.{hook}"
-
-
-def delivery_workflow_id(hook: str, first_event_id: int, last_event_id: int, generation: int = 0) -> str:
-    base = f"bastion.hook:{hook}:{first_event_id:019d}-{last_event_id:019d}"
-    return base if generation == 0 else f"{base}:r{generation}"
-
-
-def _delivery() -> HookDelivery:
-    if _active is None:
-        raise RuntimeError("No hook delivery runs in this process.")
-    return _active
-
-
-# A hook's batches share this partition of its queue; conversations' partitions are their UUIDs.
-_BATCHES: Final = "~batches"
-
-Batch: TypeAlias = list[tuple[str, list[int]]]
-SetAside: TypeAlias = tuple[str, list[int], int]
-Aside: TypeAlias = list[SetAside]
-
-
-@DBOS.step(name="bastion.hooks.deliver_batch")
-async def _attempt_batch(hook: str, batch: Batch, generation: int) -> Aside:
-    """Call the hook with each conversation's events in order; returns the conversations set aside,
-    each with its events not yet delivered and how many times the first was tried."""
-    return await _delivery().attempt_batch(hook, batch, generation)
-
-
-@DBOS.step(name="bastion.hooks.hold")
-async def _hold(hook: str, deliveries: list[tuple[str, str]]) -> None:
-    await _delivery().outbox.hold(hook, deliveries)
-
-
-@DBOS.step(name="bastion.hooks.release")
-async def _release(hook: str, conversation: str, workflow_id: str) -> None:
-    await _delivery().outbox.release(hook, conversation, workflow_id)
-
-
-@DBOS.step(name="bastion.hooks.attempt")
-async def _attempt(hook: str, event_ids: list[int], generation: int, attempt: int) -> tuple[int, str | None]:
-    """Call the hook with each event in order until one fails (the first on its `attempt`th try, the
-    others on their first); returns how many succeeded and the error of the one that failed."""
-    delivery = _delivery()
-    return await delivery.attempt(hook, event_ids, generation, attempt)
-
-
-@DBOS.step(name="bastion.hooks.set_aside")
-async def _set_aside(hook: str, batch_workflow_id: str, aside: Aside) -> Aside:
-    """Hold the conversations set aside for the batch's lanes; returns them as recorded, so a batch
-    run again after a crash enqueues the lanes its first run enqueued."""
-    lanes = [(conversation, _lane(batch_workflow_id, conversation)) for conversation, _, _ in aside]
-    await _delivery().outbox.hold(hook, lanes)
-    return aside
-
-
-def _lane(batch_workflow_id: str, conversation: str) -> str:
-    return f"{batch_workflow_id}:c{conversation}"
-
-
-@DBOS.workflow(name="bastion.hooks.batch")
-async def _deliver_events(hook: str, batch: Batch, generation: int) -> int:
-    """Deliver a batch of the hook's events, setting aside each conversation one of whose events
-    failed or that is held already; returns how many conversations were set aside.
-
-    The hook is called in the workflow itself, not in a step (a step's check and record would cost
-    DBOS two transactions per batch): a run again after a crash calls it again with the batch, as a
-    step not yet recorded would. Its conversations held by the first run's lanes count as held, and
-    the lanes come from the recorded `_set_aside`, so the run enqueues what the first one did."""
-    aside = await _delivery().attempt_batch(hook, batch, generation)
-    if not aside:
-        return 0
-    aside = await _set_aside(hook, DBOS.workflow_id or "", aside)
-    await _enqueue_lanes(hook, aside, generation)
-    return len(aside)
-
-
-async def _enqueue_lanes(hook: str, aside: Aside, generation: int) -> None:
-    own = DBOS.workflow_id or ""
-    for conversation, event_ids, tried in aside:
-        with SetWorkflowID(_lane(own, conversation)), SetEnqueueOptions(queue_partition_key=conversation):
-            await DBOS.enqueue_workflow_async(
-                hook_queue_name(hook), _deliver_aside, hook, conversation, event_ids, generation, tried
-            )
-
-
-@DBOS.workflow(name="bastion.hooks.deliver_batch")
-async def _deliver_batch(hook: str, batch: Batch, generation: int) -> int:
-    """A batch as the previous version enqueued it (the hook called in a step): kept so batches in
-    flight across an upgrade still finish."""
-    aside = await _attempt_batch(hook, batch, generation)
-    if not aside:
-        return 0
-    own = DBOS.workflow_id or ""
-    await _hold(hook, [(conversation, _lane(own, conversation)) for conversation, _, _ in aside])
-    await _enqueue_lanes(hook, aside, generation)
-    return len(aside)
-
-
-@DBOS.workflow(name="bastion.hooks.deliver_aside")
-async def _deliver_aside(
-    hook: str, conversation: str, event_ids: list[int], generation: int, tried: int
-) -> int:
-    """Deliver one conversation's events set aside to `hook` in order (the first tried `tried` times
-    already), then release the conversation's hold; returns how many were given up."""
-    policy = _delivery().hook(hook).retry
-    if tried:
-        await DBOS.sleep_async(policy.delay(tried))
-    given_up = await _deliver_in_order(hook, event_ids, generation, tried + 1)
-    await _release(hook, conversation, DBOS.workflow_id or "")
-    return given_up
-
-
-@DBOS.workflow(name="bastion.hooks.deliver")
-async def _deliver(hook: str, event_ids: list[int], generation: int) -> int:
-    """One conversation's events, as the previous version enqueued them (one workflow per
-    conversation): kept so deliveries in flight across an upgrade still finish."""
-    return await _deliver_in_order(hook, event_ids, generation, 1)
-
-
-async def _deliver_in_order(hook: str, event_ids: list[int], generation: int, attempt: int) -> int:
-    """Deliver events in order, the first on its `attempt`th try, a failing one retried by the hook's
-    policy before the next; returns how many were given up."""
-    policy = _delivery().hook(hook).retry
-    remaining, given_up = list(event_ids), 0
-    while remaining:
-        done, error = await _attempt(hook, remaining, generation, attempt)
-        if done:
-            attempt = 1
-        remaining = remaining[done:]
-        if error is None:
-            break
-        if attempt >= policy.max_attempts:
-            remaining, attempt, given_up = remaining[1:], 1, given_up + 1
-            continue
-        await DBOS.sleep_async(policy.delay(attempt))
-        attempt += 1
-    return given_up
 
 
 class HookDelivery:
@@ -239,6 +108,7 @@ class HookDelivery:
         listen_conninfo: str,
         poll_interval: float = 1.0,
         batch_size: int = 500,
+        batch_interval: float = 0.5,
     ) -> None:
         self.engine = engine
         self._pool = pool
@@ -250,7 +120,7 @@ class HookDelivery:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._behind = False
-        self._interval = 0.25
+        self._interval = batch_interval
         # Per hook: its batch running in this process, and when its next batch may start.
         self._running: dict[str, asyncio.Future[int]] = {}
         self._next_start: dict[str, float] = {}
@@ -267,15 +137,12 @@ class HookDelivery:
         poll_interval: float = 1.0,
         batch_size: int = 500,
         queue_polling_interval: float = 1.0,
-        batch_interval: float = 0.25,
+        batch_interval: float = 0.5,
     ) -> HookDelivery:
         """Register the hooks and their queues (each polled every `queue_polling_interval` seconds, the
         wait before a conversation set aside is delivered again), then dispatch until `close`. A hook's
         batches start at least `batch_interval` seconds apart, so a busy outbox is handed over in
         fewer, larger batches (each delivery workflow costs DBOS a few transactions)."""
-        global _active
-        if _active is not None:
-            raise RuntimeError("Hook delivery already runs in this process.")
         delivery = cls(
             engine,
             pool,
@@ -283,8 +150,8 @@ class HookDelivery:
             listen_conninfo=listen_conninfo,
             poll_interval=poll_interval,
             batch_size=batch_size,
+            batch_interval=batch_interval,
         )
-        delivery._interval = batch_interval
         await delivery.outbox.register(hooks)
         for hook in hooks:
             await engine.register_queue(
@@ -292,7 +159,7 @@ class HookDelivery:
                 partition_concurrency=1,
                 polling_interval_sec=queue_polling_interval,
             )
-        _active = delivery
+        activate(delivery)
         delivery._tasks = [
             asyncio.ensure_future(delivery._listen()),
             asyncio.ensure_future(delivery._dispatch_forever()),
@@ -344,7 +211,8 @@ class HookDelivery:
         self._due = due if self._due is None else min(self._due, due)
 
     async def _in_flight(self, conn: psycopg.AsyncConnection[TupleRow], hook: str) -> bool:
-        row = await (await conn.execute(_IN_FLIGHT, (f"bastion.hook:{hook}:",))).fetchone()
+        cursor = await conn.execute(_IN_FLIGHT, (list(BATCH_WORKFLOWS), f"bastion.hook:{hook}:"))
+        row = await cursor.fetchone()
         return bool(row and row[0])
 
     async def _start(
@@ -352,7 +220,7 @@ class HookDelivery:
     ) -> None:
         with SetWorkflowID(delivery_workflow_id(hook.name, first, last, generation)):
             handle = await DBOS.start_workflow_async(
-                _deliver_events, hook.name, list(batch.items()), generation
+                deliver_events, hook.name, list(batch.items()), generation
             )
         self._next_start[hook.name] = time.monotonic() + self._interval
         running = asyncio.ensure_future(handle.get_result())
@@ -466,7 +334,6 @@ class HookDelivery:
                 await asyncio.sleep(self._poll)
 
     async def close(self) -> None:
-        global _active
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -477,8 +344,7 @@ class HookDelivery:
         for running in self._running.values():
             running.cancel()
         self._running.clear()
-        if _active is self:
-            _active = None
+        deactivate(self)
 
 
 async def queued_deliveries(pool: Pool) -> dict[str, int]:
