@@ -1,16 +1,19 @@
 """Turn throughput with event hooks on against off, and the hooks' delivery lag, in one run.
 
 One embedded Postgres (with `pg_stat_statements`) with two databases: `off` has bastion's migrations
-only; `on` adds the outbox, the chat tables and DBOS, and this process delivers the assistant's hooks
-(`persist_sessions` and the usage counter) on a launched `DurableEngine` while the turns run. `--users`
-simulated users (16 by default) each run `--turns` persisted turns back to back (`run_agent`, a
-scripted model streaming 20 words) in their own conversation; rounds alternate off and on. Reported:
+only; `on` adds the outbox, the chat tables and DBOS. `--users` simulated users (16 by default) each
+run `--turns` persisted turns back to back (`run_agent`, a scripted model streaming 20 words) in their
+own conversation; rounds alternate off and on, in three phases: the outbox written and nothing
+delivering; this process delivering the assistant's hooks (`persist_sessions` and the usage counter)
+on a launched `DurableEngine` while the turns run; another process (`bench/hooks_worker.py`)
+delivering them, as beside the processes serving turns. Reported:
 turns/s per configuration (median of the rounds) and their ratio (goal: on >= 0.9x off); the CPU
-seconds of this process and of Postgres per turn, and statements per turn, from a round's start until
-its backlog drained (less noisy than wall time on a shared machine); statements per delivered event;
-then the delivery lag of `persist_sessions` — from the start of the transaction that wrote the event
-(`created_at`) to the hook's call — p50 and p99 over the events of the measured rounds, and how long
-the backlog took to drain after a round.
+seconds of this process, of Postgres and of the delivering process per turn, and statements per
+turn, from a round's start until its backlog drained (less noisy than wall time on a shared
+machine); statements per delivered event; then the delivery lag of `persist_sessions` (in this
+process) — from the start of the transaction that wrote the event (`created_at`) to the hook's call
+— p50 and p99 over the events of the measured rounds, and how long the backlog took to drain after
+a round.
 
     python bench/hooks.py [--users 16] [--turns 20] [--rounds 3]
 """
@@ -19,12 +22,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import resource
 import statistics
+import sys
 import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -112,11 +118,14 @@ class Costs:
 
     def __init__(self) -> None:
         self.turns, self.statements, self.events = 0, 0, 0
-        self.own_cpu, self.postgres_cpu = 0.0, 0.0
+        self.own_cpu, self.postgres_cpu, self.worker_cpu = 0.0, 0.0, 0.0
 
-    def add(self, turns: int, own_cpu: float, counters: DatabaseCounters, events: int = 0) -> None:
+    def add(
+        self, turns: int, own_cpu: float, counters: DatabaseCounters, events: int = 0, worker_cpu: float = 0.0
+    ) -> None:
         self.turns += turns
         self.own_cpu += own_cpu
+        self.worker_cpu += worker_cpu
         self.postgres_cpu += counters.cpu_seconds
         self.statements += counters.statements
         self.events += events
@@ -180,7 +189,7 @@ async def measure(
 
     lags: list[float] = []
     after = [2**62]  # events after the warm-up, once it is known
-    costs = {name: Costs() for name in ("off", "outbox", "on")}
+    costs = {name: Costs() for name in ("off", "outbox", "on", "worker")}
     async with (
         await PostgresStore.open(off_dsn, max_size=16) as off,
         await PostgresStore.open(on_dsn, max_size=16) as on,
@@ -209,19 +218,23 @@ async def measure(
                 usage_counter(on),
             ]
         )
-        rates: dict[str, list[float]] = {"off": [], "outbox": [], "on": []}
+        rates: dict[str, list[float]] = {"off": [], "outbox": [], "on": [], "off3": [], "worker": []}
         polls = [0]  # statements the waits for a drained backlog ran, not counted
 
-        async def measured(name: str, store: PostgresStore, database: str, drained: Any = None) -> float:
+        async def measured(
+            name: str, store: PostgresStore, database: str, drained: Any = None, worker: int | None = None
+        ) -> float:
             before, cpu, events = postgres.counters(database), own_cpu_seconds(), outbox_size(on_dsn)
+            worker_before = process_cpu_seconds(worker) if worker else 0.0
             rate = await round_of_turns(store, users, turns)
             if drained is not None:
                 await drained()
-            delivered = outbox_size(on_dsn) - events if name == "on" else 0
+            delivered = outbox_size(on_dsn) - events if drained is not None else 0
             waited, polls[0] = polls[0], 0
             spent = postgres.counters(database) - before
             spent = replace(spent, statements=spent.statements - waited)
-            costs[name].add(users * turns, own_cpu_seconds() - cpu, spent, delivered)
+            worker_cpu = process_cpu_seconds(worker) - worker_before if worker else 0.0
+            costs[name].add(users * turns, own_cpu_seconds() - cpu, spent, delivered, worker_cpu)
             return rate
 
         await round_of_turns(off, users, 2)  # warm both paths up
@@ -260,6 +273,14 @@ async def measure(
             idle_own = (own_cpu_seconds() - idle_cpu) / idle
         finally:
             await delivery.close()
+        # Phase three: another process delivers, as beside the processes serving turns.
+        async with delivering_process(on_dsn, batch_interval, queue_poll) as worker:
+            await wait_drained(on_dsn, sessions.name)
+            for _ in range(rounds):
+                rates["off3"].append(await measured("off", off, "hooks_off"))
+                rates["worker"].append(await measured("worker", on, "hooks_on", drained, worker))
+    worker_rate, off_third = statistics.median(rates["worker"]), statistics.median(rates["off3"])
+    worker_cost = costs["worker"]
     off_rate, on_rate = statistics.median(rates["off"][:rounds]), statistics.median(rates["on"])
     outbox_rate = statistics.median(rates["outbox"])
     off_again = statistics.median(rates["off"][rounds:])
@@ -278,16 +299,22 @@ async def measure(
         f"| outbox written, nothing delivering | {outbox_rate:.1f} |",
         f"| off, second phase | {off_again:.1f} |",
         f"| on: persist_sessions + usage delivered by this same process | {on_rate:.1f} |",
+        f"| off, third phase | {off_third:.1f} |",
+        f"| on: delivered by another process | {worker_rate:.1f} |",
         "",
         f"ratio outbox/off: {outbox_rate / off_rate:.2f} (goal >= 0.90 for the turn's own cost);"
-        f" in-process delivery/off: {on_rate / off_again:.2f}",
+        f" in-process delivery/off: {on_rate / off_again:.2f}; delivery by another process/off:"
+        f" {worker_rate / off_third:.2f}",
         "",
         "| per turn, until drained | this process CPU ms | Postgres CPU ms | statements |",
         "|---|---|---|---|",
         costs["off"].row("off (both phases)"),
         outbox_cost.row("outbox written"),
         on_cost.row("delivered in this process"),
+        worker_cost.row("delivered by another process"),
         "",
+        f"the delivering process: {worker_cost.worker_cpu / worker_cost.turns * 1000:.1f} ms CPU per turn,"
+        f" {worker_cost.events} events delivered",
         f"outbox events per turn: {on_cost.events / on_cost.turns:.1f}; statements per outbox event for"
         f" delivery (on minus outbox): {per_event:.2f}",
         f"persist_sessions delivery lag (event's transaction start to the hook's call): p50 {p50:.0f} ms,"
@@ -298,6 +325,38 @@ async def measure(
         f" {quiet.statements / idle:.0f} statements",
         *(f"{calls:>8} {query}" for calls, query in busiest),
     ]
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a process and its threads so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@asynccontextmanager
+async def delivering_process(dsn: str, batch_interval: float, queue_poll: float) -> AsyncIterator[int]:
+    """`bench/hooks_worker.py` delivering the hooks on `dsn` until the block ends; yields its pid."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(Path(__file__).with_name("hooks_worker.py")),
+        dsn,
+        str(batch_interval),
+        str(queue_poll),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        line = await asyncio.wait_for(child.stdout.readline(), 120)
+        assert line.startswith(b"ready"), line
+        yield child.pid
+    finally:
+        child.stdin.close()
+        try:
+            await asyncio.wait_for(child.wait(), 30)
+        except TimeoutError:
+            child.kill()
+            await child.wait()
 
 
 def outbox_size(dsn: str) -> int:

@@ -47,6 +47,9 @@ async def test_the_hooks_benchmark_measures_three_configurations_and_the_lag() -
     lines = await bench.run(users=2, turns=2, rounds=1, idle=0.2)
     assert any(line.startswith("ratio outbox/off:") for line in lines)
     assert any(line.startswith("| delivered in this process |") for line in lines)
+    assert any(line.startswith("| delivered by another process |") for line in lines)
+    [worker] = [line for line in lines if line.startswith("the delivering process:")]
+    assert worker.endswith(" 16 events delivered")  # by the other process
     assert "outbox events per turn: 4.0" in lines[-3]
     assert "over 16 events" in lines[-2]  # four persist_sessions events per turn
     assert lines[-1].startswith("delivery with nothing to deliver, per second:")

@@ -60,7 +60,6 @@ def _delivery() -> HookDelivery:
     return _active
 
 
-# A conversation set aside is delivered in its own partition (its UUID) of the hook's queue.
 Batch: TypeAlias = list[tuple[str, list[int]]]
 SetAside: TypeAlias = tuple[str, list[int], int]
 Aside: TypeAlias = list[SetAside]
@@ -68,8 +67,9 @@ Aside: TypeAlias = list[SetAside]
 
 @DBOS.step(name="bastion.hooks.deliver_batch")
 async def _attempt_batch(hook: str, batch: Batch, generation: int) -> Aside:
-    """Call the hook with each conversation's events in order; returns the conversations set aside,
-    each with its events not yet delivered and how many times the first was tried."""
+    """The previous version's batch step: call the hook with each conversation's events in order;
+    returns the conversations set aside, each with its events not yet delivered and how many times
+    the first was tried."""
     return await _delivery().attempt_batch(hook, batch, generation)
 
 
@@ -122,6 +122,7 @@ async def deliver_events(hook: str, batch: Batch, generation: int) -> int:
 
 
 async def _enqueue_lanes(hook: str, aside: Aside, generation: int) -> None:
+    """Enqueue each conversation set aside in its own partition (its UUID) of the hook's queue."""
     own = DBOS.workflow_id or ""
     for conversation, event_ids, tried in aside:
         with SetWorkflowID(_lane(own, conversation)), SetEnqueueOptions(queue_partition_key=conversation):
