@@ -15,7 +15,7 @@ process) — from the start of the transaction that wrote the event (`created_at
 — p50 and p99 over the events of the measured rounds, and how long the backlog took to drain after
 a round.
 
-    python bench/hooks.py [--users 16] [--turns 20] [--rounds 3]
+    python bench/hooks.py [--users 16] [--turns 20] [--rounds 3] [--pin]
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from bastion.hooks import (
 from bastion.stores import PostgresStore, apply_application_migrations, apply_migrations, available_migrations
 from bastion.stores.run import run_agent
 from bench.postgres import BenchPostgres, DatabaseCounters
+from bench.servers import children_cpu_seconds, pin_process_tree
 
 WORDS = 20
 agent = define_agent(name="bench", instructions="Answer.")
@@ -144,10 +145,12 @@ async def run(
     queue_poll: float = 1.0,
     batch_interval: float = 0.5,
     idle: float = 5.0,
+    pin: bool = False,
 ) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="bastion-hooks-bench-") as directory:
         postgres = BenchPostgres(Path(directory))
         try:
+            database_cores = pin_apart(postgres) if pin else None
             off_uri, on_uri = postgres.create_database("hooks_off"), postgres.create_database("hooks_on")
             await prepare(off_uri, hooks=False)
             await prepare(on_uri, hooks=True)
@@ -162,9 +165,21 @@ async def run(
                 queue_poll=queue_poll,
                 batch_interval=batch_interval,
                 idle=idle,
+                worker_cores=database_cores,
             )
         finally:
             postgres.close()
+
+
+def pin_apart(postgres: BenchPostgres) -> set[int]:
+    """Postgres on the last core, this process on the others, as with the database on a machine of
+    its own; returns the database's core (where the delivering process of phase three runs too)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--pin needs at least two cores")
+    pin_process_tree(postgres.pid, {cores[-1]})
+    os.sched_setaffinity(0, set(cores[:-1]))
+    return {cores[-1]}
 
 
 def app_dsn(admin_uri: str) -> str:
@@ -184,12 +199,13 @@ async def measure(
     queue_poll: float,
     batch_interval: float,
     idle: float,
+    worker_cores: set[int] | None,
 ) -> list[str]:
     from bastion.assistant.hooks import usage_counter
 
     lags: list[float] = []
     after = [2**62]  # events after the warm-up, once it is known
-    costs = {name: Costs() for name in ("off", "outbox", "on", "worker")}
+    costs = {name: Costs() for name in ("off", "outbox", "off2", "on", "off3", "worker")}
     async with (
         await PostgresStore.open(off_dsn, max_size=16) as off,
         await PostgresStore.open(on_dsn, max_size=16) as on,
@@ -225,7 +241,7 @@ async def measure(
             name: str, store: PostgresStore, database: str, drained: Any = None, worker: int | None = None
         ) -> float:
             before, cpu, events = postgres.counters(database), own_cpu_seconds(), outbox_size(on_dsn)
-            worker_before = process_cpu_seconds(worker) if worker else 0.0
+            worker_before = children_cpu_seconds(worker) if worker else 0.0
             rate = await round_of_turns(store, users, turns)
             if drained is not None:
                 await drained()
@@ -233,7 +249,7 @@ async def measure(
             waited, polls[0] = polls[0], 0
             spent = postgres.counters(database) - before
             spent = replace(spent, statements=spent.statements - waited)
-            worker_cpu = process_cpu_seconds(worker) - worker_before if worker else 0.0
+            worker_cpu = children_cpu_seconds(worker) - worker_before if worker else 0.0
             costs[name].add(users * turns, own_cpu_seconds() - cpu, spent, delivered, worker_cpu)
             return rate
 
@@ -263,7 +279,7 @@ async def measure(
             after[0] = outbox_size(on_dsn)
             postgres.reset_statements()
             for _ in range(rounds):
-                rates["off"].append(await measured("off", off, "hooks_off"))
+                rates["off"].append(await measured("off2", off, "hooks_off"))
                 rates["on"].append(await measured("on", on, "hooks_on", drained))
             busiest = postgres.top_statements("hooks_on", top) if top else []
             # Delivery's cost with nothing to deliver: mostly DBOS polling the hooks' queues.
@@ -274,10 +290,10 @@ async def measure(
         finally:
             await delivery.close()
         # Phase three: another process delivers, as beside the processes serving turns.
-        async with delivering_process(on_dsn, batch_interval, queue_poll) as worker:
+        async with delivering_process(on_dsn, batch_interval, queue_poll, worker_cores) as worker:
             await wait_drained(on_dsn, sessions.name)
             for _ in range(rounds):
-                rates["off3"].append(await measured("off", off, "hooks_off"))
+                rates["off3"].append(await measured("off3", off, "hooks_off"))
                 rates["worker"].append(await measured("worker", on, "hooks_on", drained, worker))
     worker_rate, off_third = statistics.median(rates["worker"]), statistics.median(rates["off3"])
     worker_cost = costs["worker"]
@@ -308,9 +324,11 @@ async def measure(
         "",
         "| per turn, until drained | this process CPU ms | Postgres CPU ms | statements |",
         "|---|---|---|---|",
-        costs["off"].row("off (both phases)"),
+        costs["off"].row("off, phase one"),
         outbox_cost.row("outbox written"),
+        costs["off2"].row("off, phase two"),
         on_cost.row("delivered in this process"),
+        costs["off3"].row("off, phase three"),
         worker_cost.row("delivered by another process"),
         "",
         f"the delivering process: {worker_cost.worker_cpu / worker_cost.turns * 1000:.1f} ms CPU per turn,"
@@ -327,15 +345,12 @@ async def measure(
     ]
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of a process and its threads so far (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @asynccontextmanager
-async def delivering_process(dsn: str, batch_interval: float, queue_poll: float) -> AsyncIterator[int]:
-    """`bench/hooks_worker.py` delivering the hooks on `dsn` until the block ends; yields its pid."""
+async def delivering_process(
+    dsn: str, batch_interval: float, queue_poll: float, cores: set[int] | None
+) -> AsyncIterator[int]:
+    """`bench/hooks_worker.py` delivering the hooks on `dsn` (on `cores`, if given) until the block
+    ends; yields its pid."""
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         str(Path(__file__).with_name("hooks_worker.py")),
@@ -346,6 +361,8 @@ async def delivering_process(dsn: str, batch_interval: float, queue_poll: float)
         stdout=asyncio.subprocess.PIPE,
     )
     assert child.stdin is not None and child.stdout is not None
+    if cores is not None:
+        os.sched_setaffinity(child.pid, cores)
     try:
         line = await asyncio.wait_for(child.stdout.readline(), 120)
         assert line.startswith(b"ready"), line
@@ -398,6 +415,9 @@ def main() -> None:
         "--batch-interval", type=float, default=0.5, help="least seconds between two batches of a hook"
     )
     parser.add_argument("--top", type=int, default=0, help="list the N statements run most with delivery on")
+    parser.add_argument(
+        "--pin", action="store_true", help="Postgres and the delivering process on a core of their own"
+    )
     options = parser.parse_args()
     print("\n".join(asyncio.run(run(**vars(options)))))
 

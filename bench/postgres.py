@@ -75,6 +75,11 @@ class BenchPostgres:
         self._admin.execute("create extension if not exists pg_stat_statements")
         self.version = str(self._admin.execute("show server_version").fetchone()[0])  # type: ignore[index]
 
+    @property
+    def pid(self) -> int:
+        """The server's (postmaster's) process id."""
+        return int(self._server.get_pid())
+
     def create_database(self, name: str) -> str:
         """A fresh database for one system; its connection URI."""
         self._admin.execute(f'create database "{name}"')
@@ -86,7 +91,7 @@ class BenchPostgres:
             statements=int(statements),
             wal_bytes=int(wal_bytes),
             rows_written=int(rows),
-            cpu_seconds=children_cpu_seconds(int(self._server.get_pid())),
+            cpu_seconds=children_cpu_seconds(self.pid),
         )
 
     def reset_statements(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -33,6 +34,21 @@ def process_cpu_seconds(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def pin_process_tree(parent_pid: int, cores: set[int]) -> None:
+    """Run `parent_pid` and its live children on `cores` only; children it forks later inherit it."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(entry.name) == parent_pid or int(fields[1]) == parent_pid:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(entry.name), cores)
 
 
 def children_cpu_seconds(parent_pid: int) -> float:
