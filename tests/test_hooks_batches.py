@@ -212,3 +212,27 @@ async def test_while_a_batch_waits_to_run_new_events_wait_in_the_outbox_to_go_ou
     # The held batch, at most one more (of the first turn) before it, one waiting behind it, and one
     # with everything written while that one waited.
     assert len(workflows(database, "recorder")) <= 4
+
+
+async def test_a_dispatcher_wants_the_outboxs_wakeups_only_while_it_has_nothing_in_flight(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore
+) -> None:
+    database = hook_tables
+
+    def wanted() -> bool:
+        return database.rows("select wanted from bastion.hook_wakeups") == [(True,)]
+
+    database.execute("update bastion.hook_wakeups set wanted = false")  # as a busy dispatcher leaves it
+    database.execute("insert into public.hook_hold values ('run.completed')")
+    who, conversation = await conversation_of(hooks_store)
+    async with delivering(database, hooks_store, "recorder"):
+        await until(wanted)  # nothing to deliver: only a notification would wake it soon
+        await turns(hooks_store, who, conversation, "1")
+        await until(lambda: not wanted())  # a batch in flight, held in the hook: it looks again by itself
+        database.execute("delete from public.hook_hold")
+        await until(lambda: len(effects(database, "recorder")) == len(outbox_ids(database)))
+        await until(wanted)
+        await turns(hooks_store, who, conversation, "2")
+        expected = outbox_ids(database)
+        await until(lambda: len(effects(database, "recorder")) == len(expected))
+    assert effects(database, "recorder") == expected

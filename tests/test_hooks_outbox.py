@@ -162,3 +162,33 @@ async def test_the_outbox_is_the_servers_alone(
                 conn.execute(f"select * from bastion.{table}")
             conn.rollback()
             conn.execute("set role authenticated")
+
+
+async def _notifications_before_a_sentinel(listener: psycopg.AsyncConnection[Any], sentinel: str) -> int:
+    """How many of the outbox's notifications arrived before `sentinel` (delivered in commit order)."""
+    before = 0
+    async for notice in listener.notifies(timeout=30):
+        if notice.payload == sentinel:
+            return before
+        before += 1
+    raise AssertionError(f"{sentinel} never arrived")
+
+
+async def test_the_outbox_notifies_only_while_a_dispatcher_waits_for_wakeups(
+    hooks_store: PostgresStore, hooks_database: HooksDatabase
+) -> None:
+    ada = someone()
+    conversation = await hooks_store.create_conversation(ada)
+    async with await psycopg.AsyncConnection.connect(hooks_database.admin_dsn, autocommit=True) as listener:
+        await listener.execute("listen bastion_hooks")
+        try:
+            hooks_database.execute("update bastion.hook_wakeups set wanted = false")
+            await turn(hooks_store, ada, conversation.id, [user_message("u1")], assistant_message("a1"))
+            hooks_database.execute("notify bastion_hooks, 'unwanted'")
+            assert await _notifications_before_a_sentinel(listener, "unwanted") == 0
+            hooks_database.execute("update bastion.hook_wakeups set wanted = true")
+            await turn(hooks_store, ada, conversation.id, [user_message("u2")], assistant_message("a2"))
+            hooks_database.execute("notify bastion_hooks, 'wanted'")
+            assert await _notifications_before_a_sentinel(listener, "wanted") >= 1
+        finally:
+            hooks_database.execute("update bastion.hook_wakeups set wanted = true")

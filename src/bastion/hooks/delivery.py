@@ -15,6 +15,12 @@ over in fewer, larger batches (each workflow costs DBOS a few transactions howev
 carries); with little load a batch starts as soon as its events are written. A batch whose process
 dies is recovered by a live process's janitor (`DurableEngine`).
 
+The outbox's triggers notify only while a dispatcher waits for them (`bastion.hook_wakeups`,
+migration 0004): a dispatcher with a batch in flight or one due soon says it needs no wake-up, and
+says so again once it has nothing left to look at. Notifying makes a transaction's commit wait for
+every other notifying transaction's, so under load the turns' commits no longer queue on that; an
+event written just as a dispatcher falls idle may wait for its slow poll (`poll_interval`).
+
 Batches are started, not enqueued: a queue would add a wait for its next poll, and polling a queue
 often enough for a short lag cost more CPU than delivering. Each hook still has a queue of its own
 (`bastion.hooks.{hook}`, polled every `queue_polling_interval`), partitioned with one delivery at a
@@ -125,6 +131,7 @@ class HookDelivery:
         self._running: dict[str, asyncio.Future[int]] = {}
         self._next_start: dict[str, float] = {}
         self._due: float | None = None
+        self._wakeups_wanted: bool | None = None  # as this process last set `hook_wakeups`
 
     @classmethod
     async def start(
@@ -305,6 +312,8 @@ class HookDelivery:
             self._wake.clear()
             try:
                 await self.dispatch()
+                if await self._want_wakeups(self._idle()) and self._idle():
+                    continue  # woken by nobody until now: look again for events written meanwhile
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -316,6 +325,23 @@ class HookDelivery:
                 wait = min(wait, max(0.0, self._due - time.monotonic()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
+
+    def _idle(self) -> bool:
+        """Whether nothing but a notification would make this dispatcher look at the outbox soon."""
+        running = any(not batch.done() for batch in self._running.values())
+        return not running and not self._behind and self._due is None
+
+    async def _want_wakeups(self, wanted: bool) -> bool:
+        """Say whether this dispatcher waits for the outbox's notifications (the triggers notify only
+        while one does); returns whether that changed."""
+        if self._wakeups_wanted is wanted:
+            return False
+        async with self._pool.connection() as conn:
+            if not conn.autocommit:
+                await conn.set_autocommit(True)
+            await conn.execute("update bastion.hook_wakeups set wanted = %s", (wanted,))
+        self._wakeups_wanted = wanted
+        return True
 
     async def _listen(self) -> None:
         while True:
