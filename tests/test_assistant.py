@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import shutil
 import socket
@@ -1104,6 +1105,47 @@ def test_durable_turns_are_on_unless_switched_off() -> None:
     assert AssistantConfig.from_env({"BASTION_DURABLE": "off"}).durable is False
     with pytest.raises(ConfigError, match="BASTION_DURABLE must be on or off"):
         AssistantConfig.from_env({"BASTION_DURABLE": "maybe"})
+
+
+def test_hooks_are_delivered_unless_switched_off() -> None:
+    assert AssistantConfig.from_env({}).hooks is True
+    assert AssistantConfig.from_env({"BASTION_HOOKS": "off"}).hooks is False
+    with pytest.raises(ConfigError, match="BASTION_HOOKS must be on or off"):
+        AssistantConfig.from_env({"BASTION_HOOKS": "maybe"})
+
+
+async def test_an_assistant_with_hooks_off_serves_without_delivering_and_one_with_hooks_on_delivers(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    from bastion.hooks import chat_id_of
+
+    async with serve_assistant(pg_cluster, tmp_path, hooks=False) as served:
+        headers = await served.sign_in("ada")
+        conversation = str(uuid.uuid4())
+        assert (await chat(served, headers, conversation, [user_message("hello")])).status_code == 200
+        admin = served.config.database_url
+        assert admin is not None
+        with psycopg.connect(admin) as conn:
+            written = conn.execute(
+                "select count(*) from bastion.hook_events where conversation_id = %s", (conversation,)
+            ).fetchone()
+            assert written is not None and written[0] > 0
+            # No hook was ever registered here: nothing delivered, nothing will be from this process.
+            assert conn.execute("select count(*) from bastion.hook_subscriptions").fetchone() == (0,)
+        config = served.config
+    # A process on the same database with hooks on (serving nothing here) copies what was written.
+    async with running_assistant(dataclasses.replace(config, hooks=True, port=free_port())):
+        for _ in range(600):
+            with psycopg.connect(admin) as conn:
+                copied = conn.execute(
+                    "select r.status from bastion.ai_chats c join bastion.ai_runs r on r.chat_id = c.id"
+                    " where c.id = %s",
+                    (chat_id_of(conversation),),
+                ).fetchall()
+            if copied:
+                break
+            await asyncio.sleep(0.05)
+    assert copied == [("completed",)]
 
 
 # Hooks: the assistant's conversations reach the chat tables and its usage counter

@@ -61,6 +61,7 @@ class AssistantConfig:
     inbox_secret: str | None = field(default=None, repr=False)
     inbox_token_secret: str | None = field(default=None, repr=False)
     durable: bool = True
+    hooks: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> AssistantConfig:
@@ -103,6 +104,7 @@ class AssistantConfig:
             "inbox_secret": text("BASTION_INBOX_SECRET"),
             "inbox_token_secret": text("BASTION_INBOX_TOKEN_SECRET"),
             "durable": _switch("BASTION_DURABLE", text("BASTION_DURABLE"), default=True),
+            "hooks": _switch("BASTION_HOOKS", text("BASTION_HOOKS"), default=True),
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         config = cls(**values)  # type: ignore[arg-type]

@@ -117,11 +117,12 @@ async def running_assistant(
         store = await PostgresStore.open(database.app_conninfo, admin_conninfo=database.admin_conninfo)
         user_credentials = None
         try:
-            # One DBOS per process: the inbox's bot replies and the event hooks run on it, and so do the
-            # chat turns (unless BASTION_DURABLE=off), which another worker on the database then takes over.
+            # One DBOS per process: the inbox's bot replies and the event hooks (unless BASTION_HOOKS=off)
+            # run on it, and so do the chat turns (unless BASTION_DURABLE=off), which another worker on
+            # the database then takes over.
             async with (
                 await DurableEngine.launch(database.app_conninfo) as engine,
-                _delivering(engine, store, database),
+                _delivering(engine, store, database) if config.hooks else contextlib.nullcontext(),
             ):
                 if keys is not None:
                     user_credentials = UserCredentials(pool=store.pool, keys=keys)
