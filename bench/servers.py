@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -36,8 +37,8 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
-def pin_process_tree(parent_pid: int, cores: set[int]) -> None:
-    """Run `parent_pid` and its live children on `cores` only; children it forks later inherit it."""
+def _process_tree(parent_pid: int) -> Iterator[tuple[int, list[str]]]:
+    """`parent_pid` and its live children, each with its `/proc/<pid>/stat` fields after the name."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -47,24 +48,19 @@ def pin_process_tree(parent_pid: int, cores: set[int]) -> None:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
         if int(entry.name) == parent_pid or int(fields[1]) == parent_pid:
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(int(entry.name), cores)
+            yield int(entry.name), fields
+
+
+def pin_process_tree(parent_pid: int, cores: set[int]) -> None:
+    """Run `parent_pid` and its live children on `cores` only; children it forks later inherit it."""
+    for pid, _ in _process_tree(parent_pid):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(pid, cores)
 
 
 def children_cpu_seconds(parent_pid: int) -> float:
     """CPU time of `parent_pid` and its live children (the Postgres server and its backends)."""
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(entry.name) == parent_pid or int(fields[1]) == parent_pid:
-            total += (int(fields[11]) + int(fields[12])) / _TICKS
-    return total
+    return sum((int(fields[11]) + int(fields[12])) / _TICKS for _, fields in _process_tree(parent_pid))
 
 
 class SystemServer:
