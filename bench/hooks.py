@@ -50,6 +50,7 @@ from bastion.hooks import (
     apply_chat_table_migrations,
     apply_hooks_migrations,
     define_hook,
+    delivery_workflow_prefix,
     persist_sessions,
 )
 from bastion.stores import PostgresStore, apply_application_migrations, apply_migrations, available_migrations
@@ -399,7 +400,7 @@ async def wait_drained(dsn: str, hook: str) -> int:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         while True:
             polls += 1
-            row = await (await conn.execute(_DRAINED, (hook, f"bastion.hook:{hook}:"))).fetchone()
+            row = await (await conn.execute(_DRAINED, (hook, delivery_workflow_prefix(hook)))).fetchone()
             if row and row[0]:
                 return polls
             await asyncio.sleep(0.05)

@@ -8,6 +8,7 @@ import asyncio
 
 import psycopg
 
+from bastion.hooks import delivery_workflow_prefix
 from bastion.stores import PostgresStore, StoreIdentity
 from tests.hook_scenarios import assistant_message, turn, user_message
 from tests.hooks_db import HooksDatabase, someone
@@ -39,7 +40,7 @@ def workflows(database: HooksDatabase, hook: str) -> list[tuple[str, str | None]
     """The hook's delivery workflows, each with the queue it was enqueued in (None: started)."""
     return database.rows(  # type: ignore[return-value]
         "select workflow_uuid, queue_name from dbos.workflow_status where starts_with(workflow_uuid, %s)",
-        f"bastion.hook:{hook}:",
+        delivery_workflow_prefix(hook),
     )
 
 

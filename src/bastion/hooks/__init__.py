@@ -15,7 +15,13 @@ Needs Postgres and the `durable` extra.
 """
 
 from bastion.hooks.canonical import canonical_parts, chat_id_of
-from bastion.hooks.delivery import HookDelivery, delivery_workflow_id, hook_queue_name, queued_deliveries
+from bastion.hooks.delivery import (
+    HookDelivery,
+    delivery_workflow_id,
+    delivery_workflow_prefix,
+    hook_queue_name,
+    queued_deliveries,
+)
 from bastion.hooks.events import EVENT_TYPES, HookEvent
 from bastion.hooks.outbox import (
     EventWindow,
@@ -53,6 +59,7 @@ __all__ = [
     "chat_id_of",
     "define_hook",
     "delivery_workflow_id",
+    "delivery_workflow_prefix",
     "hook_migrations",
     "hook_queue_name",
     "persist_sessions",

@@ -24,6 +24,7 @@ __all__ = [
     "deactivate",
     "deliver_events",
     "delivery_workflow_id",
+    "delivery_workflow_prefix",
     "hook_queue_name",
 ]
 
@@ -49,8 +50,13 @@ def hook_queue_name(hook: str) -> str:
     return f"bastion.hooks.{hook}"
 
 
+def delivery_workflow_prefix(hook: str) -> str:
+    """What the id of every delivery workflow of `hook` starts with (batches and their lanes)."""
+    return f"bastion.hook:{hook}:"
+
+
 def delivery_workflow_id(hook: str, first_event_id: int, last_event_id: int, generation: int = 0) -> str:
-    base = f"bastion.hook:{hook}:{first_event_id:019d}-{last_event_id:019d}"
+    base = f"{delivery_workflow_prefix(hook)}{first_event_id:019d}-{last_event_id:019d}"
     return base if generation == 0 else f"{base}:r{generation}"
 
 

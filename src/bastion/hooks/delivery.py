@@ -67,6 +67,7 @@ from bastion.hooks._batches import (
     deactivate,
     deliver_events,
     delivery_workflow_id,
+    delivery_workflow_prefix,
     hook_queue_name,
 )
 from bastion.hooks.events import HookEvent
@@ -77,6 +78,7 @@ __all__ = [
     "CHANNEL",
     "HookDelivery",
     "delivery_workflow_id",
+    "delivery_workflow_prefix",
     "hook_queue_name",
     "queued_deliveries",
 ]
@@ -218,7 +220,7 @@ class HookDelivery:
         self._due = due if self._due is None else min(self._due, due)
 
     async def _in_flight(self, conn: psycopg.AsyncConnection[TupleRow], hook: str) -> bool:
-        cursor = await conn.execute(_IN_FLIGHT, (list(BATCH_WORKFLOWS), f"bastion.hook:{hook}:"))
+        cursor = await conn.execute(_IN_FLIGHT, (list(BATCH_WORKFLOWS), delivery_workflow_prefix(hook)))
         row = await cursor.fetchone()
         return bool(row and row[0])
 
@@ -312,7 +314,8 @@ class HookDelivery:
             self._wake.clear()
             try:
                 await self.dispatch()
-                if await self._want_wakeups(self._idle()) and self._idle():
+                idle = self._idle()
+                if await self._want_wakeups(idle) and idle:
                     continue  # woken by nobody until now: look again for events written meanwhile
             except asyncio.CancelledError:
                 raise

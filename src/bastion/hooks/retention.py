@@ -18,6 +18,7 @@ from typing import Final
 from dbos import DBOSClient
 
 from bastion.durable import DURABLE_SCHEMA, system_database_url
+from bastion.hooks._batches import delivery_workflow_prefix
 from bastion.hooks.delivery import Pool
 
 __all__ = ["Pruned", "prune_deliveries", "prune_outbox"]
@@ -94,7 +95,7 @@ async def prune_deliveries(conninfo: str, hooks: list[str], older_than: timedelt
     try:
         finished = (
             await client.list_workflows_async(
-                workflow_id_prefix=[f"bastion.hook:{hook}:" for hook in hooks],
+                workflow_id_prefix=[delivery_workflow_prefix(hook) for hook in hooks],
                 status=["SUCCESS", "ERROR", "CANCELLED"],
                 completed_before=cutoff,
                 load_input=False,
