@@ -36,6 +36,21 @@ def chat_path(database: HooksDatabase, conversation: str) -> list[tuple[Any, ...
     return path[::-1]
 
 
+def runs_and_copies(
+    database: HooksDatabase, conversation: str
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The conversation's runs (id, status) and the `ai_runs` rows copied from them, each by start."""
+    runs = database.rows(
+        "select id::text, status from bastion.runs where conversation_id = %s order by started_at",
+        conversation,
+    )
+    copied = database.rows(
+        "select id::text, status from bastion.ai_runs where chat_id = %s order by started_at",
+        chat_id_of(conversation),
+    )
+    return runs, copied
+
+
 def expected_path(messages: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     rows, parent = [], None
     for message in messages:
@@ -73,14 +88,7 @@ async def test_the_chat_tables_equal_the_conversation_when_every_event_is_delive
     stored = [m.message for m in await hooks_store.list_messages(ada, conversation)]
     assert [m["id"] for m in stored] == ["u1", "a1", "u2", "a2", "u3", "a3", "u4", "a5"]
     assert chat_path(hooks_database, conversation) == expected_path(stored)
-    runs = hooks_database.rows(
-        "select id::text, status from bastion.runs where conversation_id = %s order by started_at",
-        conversation,
-    )
-    copied = hooks_database.rows(
-        "select id::text, status from bastion.ai_runs where chat_id = %s order by started_at",
-        chat_id_of(conversation),
-    )
+    runs, copied = runs_and_copies(hooks_database, conversation)
     assert copied == runs
     assert [status for _, status in runs] == [
         "completed",
@@ -119,14 +127,7 @@ async def test_a_batch_of_two_conversations_delivered_twice_in_one_call_copies_e
     for who, conversation in zip((ada, bob), conversations, strict=True):
         stored = [m.message for m in await hooks_store.list_messages(who, conversation)]
         assert chat_path(hooks_database, conversation) == expected_path(stored)
-        runs = hooks_database.rows(
-            "select id::text, status from bastion.runs where conversation_id = %s order by started_at",
-            conversation,
-        )
-        copied = hooks_database.rows(
-            "select id::text, status from bastion.ai_runs where chat_id = %s order by started_at",
-            chat_id_of(conversation),
-        )
+        runs, copied = runs_and_copies(hooks_database, conversation)
         assert copied == runs and len(runs) == 6
     assert hooks_database.rows("select count(*), count(active_run_id) from bastion.ai_chats") == [(2, 0)]
 

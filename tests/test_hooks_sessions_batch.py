@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from bastion.hooks import HookEvent, chat_id_of, persist_sessions
+from bastion.hooks import HookEvent, persist_sessions
 from bastion.stores import PostgresStore
 from tests.hook_scenarios import (
     assistant_message,
@@ -16,7 +16,7 @@ from tests.hook_scenarios import (
     user_message,
 )
 from tests.hooks_db import HooksDatabase, as_user, someone
-from tests.test_hooks_sessions import chat_path, every_event, expected_path
+from tests.test_hooks_sessions import chat_path, every_event, expected_path, runs_and_copies
 
 # `ai_chats.created_at` is the time of the insert, not of an event: like `updated_at`, it differs.
 _UNCOMPARED = {"updated_at", "ai_chats.created_at"}
@@ -114,14 +114,7 @@ async def test_a_batch_of_several_users_conversations_writes_what_its_events_one
         conversation = conversations[who.user_id]
         stored = [m.message for m in await hooks_store.list_messages(who, conversation)]
         assert chat_path(hooks_database, conversation) == expected_path(stored)
-        runs = hooks_database.rows(
-            "select id::text, status from bastion.runs where conversation_id = %s order by started_at",
-            conversation,
-        )
-        copied = hooks_database.rows(
-            "select id::text, status from bastion.ai_runs where chat_id = %s order by started_at",
-            chat_id_of(conversation),
-        )
+        runs, copied = runs_and_copies(hooks_database, conversation)
         assert copied == runs
     statuses = hooks_database.rows(
         "select m.status, count(*) from bastion.ai_messages m join bastion.ai_chats c on c.id = m.chat_id"
