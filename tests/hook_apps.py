@@ -9,6 +9,8 @@ in `public.hook_effects` (keyed by the event id, as a real hook keys its writes)
 - `picky` fails every event of a conversation named in `public.hook_refused`, retrying often.
 - `batcher` takes whole batches (`handle_batch`, each recorded in `public.hook_batches`), failing
   one with an event of a refused conversation; event by event it is `picky`.
+- `id_batcher` is `batcher` taking its batches as event ids (`handle_event_ids`), reading the events
+  from the outbox in SQL.
 """
 
 from __future__ import annotations
@@ -123,6 +125,29 @@ async def batcher_batch(events: Sequence[HookEvent]) -> None:
                 await _effect(conn, "batcher", event)
 
 
+async def id_batcher_batch(event_ids: Sequence[int]) -> None:
+    async with await psycopg.AsyncConnection.connect(_dsn(), autocommit=True) as conn:
+        await conn.execute(
+            "insert into public.hook_batches (hook, event_ids) values ('id_batcher', %s)", (list(event_ids),)
+        )
+        cursor = await conn.execute(
+            "select 1 from bastion.hook_events e join public.hook_refused r using (conversation_id)"
+            " where e.id = any(%s)",
+            (list(event_ids),),
+        )
+        if await cursor.fetchone() is not None:
+            raise RuntimeError("id_batcher refuses a batch with a refused conversation")
+        await conn.execute(
+            "insert into public.hook_effects (hook, event_id, type, conversation_id)"
+            " select 'id_batcher', e.id, e.type, e.conversation_id"
+            "   from unnest(%s::bigint[]) with ordinality as given (id, ord)"
+            "   join bastion.hook_events e on e.id = given.id"
+            "  order by given.ord"
+            " on conflict do nothing",
+            (list(event_ids),),
+        )
+
+
 PATIENT: RetryPolicy = RetryPolicy(max_attempts=100, first_delay=0.05, backoff_rate=1.5, max_delay=0.2)
 
 HOOKS: dict[str, Hook] = {
@@ -143,6 +168,14 @@ HOOKS: dict[str, Hook] = {
         events=EVENT_TYPES,
         handle=_picky("batcher"),
         handle_batch=batcher_batch,
+        retry=PATIENT,
+        start="earliest",
+    ),
+    "id_batcher": define_hook(
+        "id_batcher",
+        events=EVENT_TYPES,
+        handle=_picky("id_batcher"),
+        handle_event_ids=id_batcher_batch,
         retry=PATIENT,
         start="earliest",
     ),

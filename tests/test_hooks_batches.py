@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 
 import psycopg
+import pytest
 
-from bastion.hooks import delivery_workflow_prefix
+from bastion.hooks import HookEvent, PostgresHookOutbox, define_hook, delivery_workflow_prefix
 from bastion.stores import PostgresStore, StoreIdentity
 from tests.hook_scenarios import assistant_message, turn, user_message
 from tests.hooks_db import HooksDatabase, someone
@@ -96,30 +97,41 @@ async def test_a_conversation_whose_event_keeps_failing_holds_up_only_itself_and
     assert failure == (first, True, True)
 
 
+@pytest.mark.parametrize("hook", ["batcher", "id_batcher"])
 async def test_a_hook_taking_whole_batches_gets_one_and_a_failing_batch_falls_back_to_each_event(
-    hook_tables: HooksDatabase, hooks_store: PostgresStore
+    hook_tables: HooksDatabase, hooks_store: PostgresStore, monkeypatch: pytest.MonkeyPatch, hook: str
 ) -> None:
     database = hook_tables
+    loaded: list[list[int]] = []
+    load = PostgresHookOutbox.events
+
+    async def counted(outbox: PostgresHookOutbox, event_ids: list[int]) -> dict[int, HookEvent]:
+        loaded.append(event_ids)
+        return await load(outbox, event_ids)
+
+    monkeypatch.setattr(PostgresHookOutbox, "events", counted)
     (ada, stuck), (bob, fine) = await conversation_of(hooks_store), await conversation_of(hooks_store)
     await asyncio.gather(turns(hooks_store, ada, stuck, "1"), turns(hooks_store, bob, fine, "1"))
     before = outbox_ids(database)
-    async with delivering(database, hooks_store, "batcher"):
-        await until(lambda: len(effects(database, "batcher")) == len(before))
+    async with delivering(database, hooks_store, hook):
+        await until(lambda: len(effects(database, hook)) == len(before))
         # Everything waiting went to the hook in one call, in order per conversation, nothing one by one.
-        [(batch,)] = database.rows("select event_ids from public.hook_batches")
+        [(batch,)] = database.rows("select event_ids from public.hook_batches where hook = %s", hook)
         assert sorted(batch) == [event_id for event_id, _, _ in before]
         for conversation in (stuck, fine):
             assert [e for e in batch if e in of(conversation, before)] == of(conversation, before)
-        assert calls(database, "batcher") == {}
+        assert calls(database, hook) == {}
+        # A hook taking ids reads the events itself: delivery loaded none of them.
+        assert (loaded == []) is (hook == "id_batcher")
         # A batch with a refused conversation fails as a whole; the others' events go one by one.
         database.execute("insert into public.hook_refused values (%s)", stuck)
         await asyncio.gather(turns(hooks_store, ada, stuck, "2"), turns(hooks_store, bob, fine, "2"))
         expected = outbox_ids(database)
-        await until(lambda: of(fine, effects(database, "batcher")) == of(fine, expected))
-        assert of(stuck, effects(database, "batcher")) == of(stuck, before)
+        await until(lambda: of(fine, effects(database, hook)) == of(fine, expected))
+        assert of(stuck, effects(database, hook)) == of(stuck, before)
         database.execute("delete from public.hook_refused")
-        await until(lambda: len(effects(database, "batcher")) == len(expected))
-    assert per_conversation(effects(database, "batcher")) == per_conversation(expected)
+        await until(lambda: len(effects(database, hook)) == len(expected))
+    assert per_conversation(effects(database, hook)) == per_conversation(expected)
 
 
 async def test_a_delivery_enqueued_by_the_previous_version_one_per_conversation_still_finishes(
@@ -237,3 +249,14 @@ async def test_a_dispatcher_wants_the_outboxs_wakeups_only_while_it_has_nothing_
         expected = outbox_ids(database)
         await until(lambda: len(effects(database, "recorder")) == len(expected))
     assert effects(database, "recorder") == expected
+
+
+def test_a_hook_takes_its_batches_as_events_or_as_ids_but_not_both() -> None:
+    async def one(event: HookEvent) -> None: ...
+
+    async def batch(events: object) -> None: ...
+
+    runs = {"run.completed"}
+    with pytest.raises(ValueError, match=r"handle_batch.*handle_event_ids"):
+        define_hook("both", events=runs, handle=one, handle_batch=batch, handle_event_ids=batch)
+    assert define_hook("ids", events=runs, handle=one, handle_event_ids=batch).handle_batch is None

@@ -33,7 +33,15 @@ from bastion.hooks.outbox import (
     apply_hooks_migrations,
     hook_migrations,
 )
-from bastion.hooks.registry import BatchHandler, Hook, HookHandler, HookRegistry, RetryPolicy, define_hook
+from bastion.hooks.registry import (
+    BatchHandler,
+    EventIdsHandler,
+    Hook,
+    HookHandler,
+    HookRegistry,
+    RetryPolicy,
+    define_hook,
+)
 from bastion.hooks.retention import Pruned, prune_deliveries, prune_outbox
 from bastion.hooks.sessions import PERSIST_SESSIONS_EVENTS, persist_sessions
 
@@ -41,6 +49,7 @@ __all__ = [
     "EVENT_TYPES",
     "PERSIST_SESSIONS_EVENTS",
     "BatchHandler",
+    "EventIdsHandler",
     "EventWindow",
     "Hook",
     "HookDelivery",

@@ -95,7 +95,7 @@ _IN_FLIGHT: Final = (
     "select exists (select 1 from dbos.workflow_status where status in ('ENQUEUED', 'PENDING')"
     " and name = any(%s) and starts_with(workflow_uuid, %s))"
 )
-# Conversations of a batch a hook without `handle_batch` is called for at once (each in order).
+# Conversations of a batch a hook taking no whole batch is called for at once (each in order).
 _CONVERSATIONS_AT_ONCE: Final = 8
 
 
@@ -246,6 +246,15 @@ class HookDelivery:
         held = await self.outbox.held(hook_name, [conversation for conversation, _ in batch])
         aside: Aside = [(conversation, ids, 0) for conversation, ids in batch if conversation in held]
         batch = [(conversation, ids) for conversation, ids in batch if conversation not in held]
+        if hook.handle_event_ids is not None and batch:
+            try:
+                event_ids = [event_id for _, ids in batch for event_id in ids]
+                await asyncio.wait_for(hook.handle_event_ids(event_ids), hook.timeout)
+                return aside
+            except Exception:
+                logger.info(
+                    "Hook %s failed on a batch; delivering it event by event.", hook_name, exc_info=True
+                )
         events = await self.outbox.events([event_id for _, ids in batch for event_id in ids])
         if hook.handle_batch is not None and events:
             in_order = [events[event_id] for _, ids in batch for event_id in ids if event_id in events]

@@ -55,22 +55,28 @@ select events, position_tx::text, position_id, generation from bastion.hook_subs
    for update skip locked
 """
 
-# The next events after the position whose transactions are over, in (tx, id) order. The position
-# moves to the last one scanned, whether the hook takes it or not.
+# The next events after the position whose transactions are over, in (tx, id) order, in one row: the
+# last one scanned (the position moves there, whether the hook takes it or not), how many were
+# scanned, the ids and conversations of those of the hook's types, and whether an event after the
+# position waits behind a transaction still running (it sorts after every event scanned).
 _SCAN: Final = """
-select e.tx::text, e.id, e.type, e.conversation_id::text from bastion.hook_events e
- where (e.tx, e.id) > (%(tx)s::xid8, %(id)s::bigint)
-   and e.tx < pg_snapshot_xmin(pg_current_snapshot())
- order by e.tx, e.id
- limit %(limit)s
-"""
-
-
-_BEHIND: Final = """
-select exists (
-  select 1 from bastion.hook_events e
-   where (e.tx, e.id) > (%(tx)s::xid8, %(id)s::bigint) and e.tx >= pg_snapshot_xmin(pg_current_snapshot())
-)
+with scanned as (
+  select e.tx, e.id, e.type, e.conversation_id from bastion.hook_events e
+   where (e.tx, e.id) > (%(tx)s::xid8, %(id)s::bigint)
+     and e.tx < pg_snapshot_xmin(pg_current_snapshot())
+   order by e.tx, e.id
+   limit %(limit)s
+),
+last as (select s.tx, s.id from scanned s order by s.tx desc, s.id desc limit 1),
+taken as (select s.tx, s.id, s.conversation_id from scanned s where s.type = any(%(events)s))
+select (select l.tx::text from last l), (select l.id from last l), (select count(*) from scanned),
+       coalesce((select array_agg(t.id order by t.tx, t.id) from taken t), '{}'),
+       coalesce((select array_agg(t.conversation_id::text order by t.tx, t.id) from taken t), '{}'),
+       exists (
+         select 1 from bastion.hook_events e
+          where (e.tx, e.id) > (%(tx)s::xid8, %(id)s::bigint)
+            and e.tx >= pg_snapshot_xmin(pg_current_snapshot())
+       )
 """
 
 
@@ -189,30 +195,22 @@ class PostgresHookOutbox:
                 yield None
                 return
             events, tx, event_id, generation = row
-            params = {"tx": tx, "id": event_id, "limit": limit}
-            scanned = await (await conn.execute(_SCAN, params)).fetchall()
-            taken = [
-                (scanned_id, conversation) for _, scanned_id, kind, conversation in scanned if kind in events
-            ]
+            params = {"tx": tx, "id": event_id, "limit": limit, "events": events}
+            scan = await (await conn.execute(_SCAN, params)).fetchone()
+            assert scan is not None
+            last_tx, last_id, scanned, taken_ids, conversations, waiting = scan
+            taken = list(zip(taken_ids, conversations, strict=True))
             found: list[HookEvent] = []
             if taken and load:
                 cursor = await conn.execute(
                     f"select {_EVENT_COLUMNS} from bastion.hook_events e where e.id = any(%s)"
                     " order by e.tx, e.id",
-                    ([event_id for event_id, _ in taken],),
+                    (taken_ids,),
                 )
                 found = [_event(r) for r in await cursor.fetchall()]
-            position = (scanned[-1][0], scanned[-1][1]) if scanned else None
-            full = len(scanned) >= limit
-            behind = False
-            if not full:
-                last = position or (tx, event_id)
-                behind = bool(
-                    (
-                        await (await conn.execute(_BEHIND, {"tx": last[0], "id": last[1]})).fetchone()
-                        or (False,)
-                    )[0]
-                )
+            position = (last_tx, last_id) if scanned else None
+            full = scanned >= limit
+            behind = not full and bool(waiting)
             yield conn, EventWindow(hook, generation, found, position, full, behind, taken)
 
     async def advance(self, conn: Connection, hook: str, position: tuple[str, int]) -> None:

@@ -15,10 +15,19 @@ from typing import Final, Literal
 
 from bastion.hooks.events import EVENT_TYPES, HookEvent
 
-__all__ = ["BatchHandler", "Hook", "HookHandler", "HookRegistry", "RetryPolicy", "define_hook"]
+__all__ = [
+    "BatchHandler",
+    "EventIdsHandler",
+    "Hook",
+    "HookHandler",
+    "HookRegistry",
+    "RetryPolicy",
+    "define_hook",
+]
 
 HookHandler = Callable[[HookEvent], Awaitable[None]]
 BatchHandler = Callable[[Sequence[HookEvent]], Awaitable[None]]
+EventIdsHandler = Callable[[Sequence[int]], Awaitable[None]]
 
 _NAME: Final = re.compile(r"[a-z][a-z0-9_.-]{0,99}")
 
@@ -54,12 +63,17 @@ class Hook:
     `handle_batch`, when given, takes a whole batch of events at once (several conversations', each
     conversation's in order), all or nothing — say in one transaction; delivery then costs a
     round trip per batch rather than per event. When it raises, the batch falls back to `handle`
-    event by event, which finds the failing event and retries it alone."""
+    event by event, which finds the failing event and retries it alone.
+
+    `handle_event_ids`, when given instead, takes a batch as its events' outbox ids (in the same
+    order) and reads the events itself, in the database (`bastion.hook_events`, as `persist_sessions`
+    does): delivery then loads no event into this process. It falls back to `handle` the same way."""
 
     name: str
     events: frozenset[str]
     handle: HookHandler = field(repr=False)
     handle_batch: BatchHandler | None = field(default=None, repr=False)
+    handle_event_ids: EventIdsHandler | None = field(default=None, repr=False)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     start: Literal["earliest", "latest"] = "latest"
     timeout: float = 60.0
@@ -71,12 +85,14 @@ def define_hook(
     events: Iterable[str],
     handle: HookHandler,
     handle_batch: BatchHandler | None = None,
+    handle_event_ids: EventIdsHandler | None = None,
     retry: RetryPolicy | None = None,
     start: Literal["earliest", "latest"] = "latest",
     timeout: float = 60.0,
 ) -> Hook:
     """A hook named `name` (lower case, digits, `_ . -`) taking `events` (see `EVENT_TYPES`), each
-    passed to `handle` (and batches of them to `handle_batch`, if given: see `Hook`)."""
+    passed to `handle` (and batches of them to `handle_batch` or, by id, to `handle_event_ids`, if
+    given: see `Hook`)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(
             "A hook name is lower-case letters, digits, '_', '.' or '-', starting with a letter."
@@ -89,11 +105,14 @@ def define_hook(
         raise ValueError("start is 'earliest' or 'latest'.")
     if not 0 < timeout <= 3600:
         raise ValueError("timeout is between 0 and 3600 seconds.")
+    if handle_batch is not None and handle_event_ids is not None:
+        raise ValueError("A hook takes batches as events (handle_batch) or ids (handle_event_ids), not both.")
     return Hook(
         name=name,
         events=wanted,
         handle=handle,
         handle_batch=handle_batch,
+        handle_event_ids=handle_event_ids,
         retry=retry or RetryPolicy(),
         start=start,
         timeout=timeout,
