@@ -1,31 +1,27 @@
-"""The assistant's usage counter: a batch of finished runs, delivered twice, counts each run once per
-user and tenant, as single events do."""
+"""The assistant's usage counter: a batch of finished runs, delivered twice by id, counts each run once
+per user and tenant, as single events do, reading each run's usage from the outbox."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any
+from psycopg.types.json import Jsonb
 
 from bastion.assistant.hooks import usage_counter
-from bastion.hooks import HookEvent
+from bastion.hooks import PostgresHookOutbox
 from bastion.stores import PostgresStore, apply_application_migrations, available_migrations
 from tests.hooks_db import HooksDatabase, someone
 
 
-def finished(event_id: int, user: str, tenant: str | None, tokens: int) -> HookEvent:
-    usage: dict[str, Any] = {"inputTokens": tokens, "outputTokens": 2 * tokens, "totalTokens": 3 * tokens}
-    return HookEvent(
-        id=event_id,
-        type="run.completed",
-        conversation_id="00000000-0000-0000-0000-000000000000",
-        run_id=None,
-        user_id=user,
-        tenant_id=tenant,
-        signed_in=True,
-        data={"usage": usage},
-        run_event_id=None,
-        created_at=datetime.now(UTC),
+def finished(database: HooksDatabase, user: str, tenant: str | None, tokens: int | None) -> int:
+    """A finished run's event in the outbox (with `tokens` as its usage, or none); its id."""
+    usage = {"inputTokens": tokens, "outputTokens": 2 * tokens, "totalTokens": 3 * tokens} if tokens else None
+    [(event_id,)] = database.rows(
+        "insert into bastion.hook_events (conversation_id, owner_id, tenant_id, signed_in, type, data)"
+        " values (gen_random_uuid(), %s, %s, true, 'run.completed', %s) returning id",
+        user,
+        tenant,
+        Jsonb({} if usage is None else {"usage": usage}),
     )
+    return int(event_id)
 
 
 async def test_a_batch_of_runs_delivered_twice_counts_each_run_once_per_user_and_tenant(
@@ -38,16 +34,19 @@ async def test_a_batch_of_runs_delivered_twice_counts_each_run_once_per_user_and
     )
     ada, bob = someone().user_id, someone().user_id
     hook = usage_counter(hooks_store)
-    assert hook.handle_batch is not None
-    batch = [finished(1, ada, "t", 10), finished(2, bob, None, 1), finished(3, ada, "t", 5)]
-    await hook.handle_batch(batch)
-    await hook.handle_batch(batch)
-    await hook.handle(batch[1])
-    await hook.handle(finished(4, ada, None, 7))
+    assert hook.handle_event_ids is not None
+    batch = [finished(hooks_database, *run) for run in [(ada, "t", 10), (bob, None, 1), (ada, "t", 5)]]
+    await hook.handle_event_ids(batch)
+    await hook.handle_event_ids(batch)
+    outbox = PostgresHookOutbox(hooks_store.pool)
+    [again] = (await outbox.events([batch[1]])).values()
+    [later] = (await outbox.events([finished(hooks_database, ada, None, 7)])).values()
+    await hook.handle(again)
+    await hook.handle(later)
+    await hook.handle_event_ids([finished(hooks_database, bob, "t", None)])
     counted = hooks_database.rows(
         "select owner_id::text, tenant_id, runs, input_tokens, output_tokens, total_tokens"
         " from assistant.usage order by runs desc, tenant_id"
     )
-    assert sorted(counted, key=str) == sorted(
-        [(ada, "t", 2, 15, 30, 45), (bob, None, 1, 1, 2, 3), (ada, None, 1, 7, 14, 21)], key=str
-    )
+    expected = [(ada, "t", 2, 15, 30, 45), (bob, None, 1, 1, 2, 3), (ada, None, 1, 7, 14, 21)]
+    assert sorted(counted, key=str) == sorted([*expected, (bob, "t", 1, 0, 0, 0)], key=str)

@@ -4,7 +4,7 @@ per-user usage counter, delivered on this process's durable engine."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 from bastion.hooks import Hook, HookEvent, HookRegistry, define_hook, persist_sessions
 from bastion.stores import PostgresStore
@@ -15,12 +15,16 @@ FINISHED_RUNS: Final = frozenset(
     {"run.completed", "run.failed", "run.cancelled", "run.waiting_for_approval", "run.interrupted"}
 )
 
-# A batch of finished runs in one statement: the events not counted yet, summed per user and tenant.
+# A batch of finished runs in one statement, read from the outbox by id: the events not counted yet,
+# summed per user and tenant (a run without usage counts with no tokens).
 _COUNT: Final = """
 with batch as (
-  select * from unnest(%(events)s::bigint[], %(owners)s::uuid[], %(tenants)s::text[],
-                       %(input)s::bigint[], %(output)s::bigint[], %(total)s::bigint[])
-           as b (event_id, owner_id, tenant_id, input_tokens, output_tokens, total_tokens)
+  select e.id as event_id, e.owner_id, e.tenant_id,
+         coalesce((e.data -> 'usage' ->> 'inputTokens')::bigint, 0) as input_tokens,
+         coalesce((e.data -> 'usage' ->> 'outputTokens')::bigint, 0) as output_tokens,
+         coalesce((e.data -> 'usage' ->> 'totalTokens')::bigint, 0) as total_tokens
+    from bastion.hook_events e
+   where e.id = any(%s)
 ),
 counted as (
   insert into assistant.usage_events (event_id) select event_id from batch
@@ -42,29 +46,20 @@ on conflict (owner_id, tenant_id) do update
 
 def usage_counter(store: PostgresStore) -> Hook:
     """Counts every finished run and its tokens per user and tenant (`assistant.usage`), each event once;
-    a batch of runs in one statement."""
+    a batch of runs in one statement, which reads the events from the outbox itself."""
 
-    async def count_all(events: Sequence[HookEvent]) -> None:
-        usages: list[dict[str, Any]] = [event.data.get("usage") or {} for event in events]
+    async def count_all(event_ids: Sequence[int]) -> None:
         async with store.pool.connection() as conn:
             if not conn.autocommit:
                 await conn.set_autocommit(True)
-            await conn.execute(
-                _COUNT,
-                {
-                    "events": [event.id for event in events],
-                    "owners": [event.user_id for event in events],
-                    "tenants": [event.tenant_id for event in events],
-                    "input": [usage.get("inputTokens", 0) for usage in usages],
-                    "output": [usage.get("outputTokens", 0) for usage in usages],
-                    "total": [usage.get("totalTokens", 0) for usage in usages],
-                },
-            )
+            await conn.execute(_COUNT, (list(event_ids),))
 
     async def count(event: HookEvent) -> None:
-        await count_all([event])
+        await count_all([event.id])
 
-    return define_hook("usage", events=FINISHED_RUNS, handle=count, handle_batch=count_all, start="earliest")
+    return define_hook(
+        "usage", events=FINISHED_RUNS, handle=count, handle_event_ids=count_all, start="earliest"
+    )
 
 
 def assistant_hooks(store: PostgresStore) -> HookRegistry:
