@@ -194,43 +194,46 @@ async def test_another_user_cannot_read_a_users_chat_rows(
         raise AssertionError("a user wrote a chat row")
 
 
+# A UI message with a part of each kind (the SQL conversion is tested on it too).
+UI_MESSAGE: dict[str, Any] = {
+    "id": "a1",
+    "role": "assistant",
+    "parts": [
+        {"type": "step-start"},
+        {"type": "reasoning", "text": "thinking", "state": "done"},
+        {"type": "text", "text": "Hello", "providerMetadata": {"x": {"y": 1}}},
+        {
+            "type": "tool-search",
+            "toolCallId": "c1",
+            "state": "output-available",
+            "input": {"q": "a"},
+            "output": {"hits": 1},
+        },
+        {
+            "type": "dynamic-tool",
+            "toolName": "mcp_x",
+            "toolCallId": "c2",
+            "state": "output-error",
+            "input": {},
+            "errorText": "refused",
+        },
+        {
+            "type": "tool-delete",
+            "toolCallId": "c3",
+            "state": "output-denied",
+            "input": {"p": 1},
+            "approval": {"id": "ap", "approved": False, "reason": "no"},
+        },
+        {"type": "source-url", "sourceId": "s1", "url": "https://example.com", "title": "Ex"},
+        {"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,AA=="},
+        {"type": "data-weather", "id": "w1", "data": {"t": 20}},
+        {"type": "something-new", "value": 1},
+    ],
+}
+
+
 def test_ui_parts_become_canonical_parts_without_losing_any() -> None:
-    message = {
-        "id": "a1",
-        "role": "assistant",
-        "parts": [
-            {"type": "step-start"},
-            {"type": "reasoning", "text": "thinking", "state": "done"},
-            {"type": "text", "text": "Hello", "providerMetadata": {"x": {"y": 1}}},
-            {
-                "type": "tool-search",
-                "toolCallId": "c1",
-                "state": "output-available",
-                "input": {"q": "a"},
-                "output": {"hits": 1},
-            },
-            {
-                "type": "dynamic-tool",
-                "toolName": "mcp_x",
-                "toolCallId": "c2",
-                "state": "output-error",
-                "input": {},
-                "errorText": "refused",
-            },
-            {
-                "type": "tool-delete",
-                "toolCallId": "c3",
-                "state": "output-denied",
-                "input": {"p": 1},
-                "approval": {"id": "ap", "approved": False, "reason": "no"},
-            },
-            {"type": "source-url", "sourceId": "s1", "url": "https://example.com", "title": "Ex"},
-            {"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,AA=="},
-            {"type": "data-weather", "id": "w1", "data": {"t": 20}},
-            {"type": "something-new", "value": 1},
-        ],
-    }
-    assert canonical_parts(message) == [
+    assert canonical_parts(UI_MESSAGE) == [
         {"type": "step", "boundary": "start"},
         {"type": "reasoning", "text": "thinking", "state": "done"},
         {"type": "text", "text": "Hello", "providerMetadata": {"x": {"y": 1}}},
