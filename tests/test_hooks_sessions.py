@@ -120,10 +120,10 @@ async def test_a_batch_of_two_conversations_delivered_twice_in_one_call_copies_e
         await conversation_of_every_kind(hooks_store, bob),
     ]
     hook = persist_sessions(hooks_store.pool, agent_id="support")
-    assert hook.handle_batch is not None
-    events = await every_event(hooks_store)
-    await hook.handle_batch(events)
-    await hook.handle_batch(events)
+    assert hook.handle_event_ids is not None
+    event_ids = [event.id for event in await every_event(hooks_store)]
+    await hook.handle_event_ids(event_ids)
+    await hook.handle_event_ids(event_ids)
     for who, conversation in zip((ada, bob), conversations, strict=True):
         stored = [m.message for m in await hooks_store.list_messages(who, conversation)]
         assert chat_path(hooks_database, conversation) == expected_path(stored)

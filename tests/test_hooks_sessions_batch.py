@@ -1,13 +1,17 @@
 """`persist_sessions` writes a batch in one statement with exactly the effect of its events delivered
-one at a time, in order: redeliveries, updates and deletions included, anonymous users skipped."""
+one at a time, in order: redeliveries, updates and deletions included, anonymous users skipped; and
+the previous version's entry point, given the batch that version built, writes the same rows."""
 
 from __future__ import annotations
 
 import itertools
+import uuid
 from typing import Any
 
-from bastion.hooks import HookEvent, persist_sessions
-from bastion.stores import PostgresStore
+from psycopg.types.json import Jsonb
+
+from bastion.hooks import HookEvent, PostgresHookOutbox, persist_sessions
+from bastion.stores import PostgresStore, StoreIdentity
 from tests.hook_scenarios import (
     assistant_message,
     conversation_of_every_kind,
@@ -16,6 +20,7 @@ from tests.hook_scenarios import (
     user_message,
 )
 from tests.hooks_db import HooksDatabase, as_user, someone
+from tests.previous_sessions import previous_batch
 from tests.test_hooks_sessions import chat_path, every_event, expected_path, runs_and_copies
 
 # `ai_chats.created_at` is the time of the insert, not of an event: like `updated_at`, it differs.
@@ -35,7 +40,9 @@ def chat_rows(database: HooksDatabase) -> dict[str, list[tuple[Any, ...]]]:
             )
             if name not in _UNCOMPARED and f"{table}.{name}" not in _UNCOMPARED
         ]
-        rows[table] = database.rows(f"select {', '.join(columns)} from bastion.{table} order by {key}")
+        # As text: a JSON null and no value (SQL null), or `true` and `1`, differ.
+        listed = ", ".join(f"{name}::text" for name in columns)
+        rows[table] = database.rows(f"select {listed} from bastion.{table} order by {key}")
     return rows
 
 
@@ -69,17 +76,19 @@ def redelivered(events: list[HookEvent]) -> list[HookEvent]:
     return result
 
 
-async def test_a_batch_of_several_users_conversations_writes_what_its_events_one_by_one_write(
-    hooks_store: PostgresStore, hooks_database: HooksDatabase
-) -> None:
+async def several_users_conversations(
+    store: PostgresStore,
+) -> tuple[dict[StoreIdentity, str], list[HookEvent]]:
+    """Two signed-in users' conversations of every kind and an anonymous one, and a batch of their
+    events interleaved and redelivered (see `redelivered`)."""
     ada, bob, nobody = someone(), someone("tenant-b"), someone(anonymous=True)
     conversations = {
-        ada.user_id: await conversation_of_every_kind(hooks_store, ada),
-        bob.user_id: await every_event_type(hooks_store, bob),
+        ada: await conversation_of_every_kind(store, ada),
+        bob: await every_event_type(store, bob),
     }
-    anonymous = (await hooks_store.create_conversation(nobody)).id
-    await turn(hooks_store, nobody, anonymous, [user_message("n1")], assistant_message("n2"))
-    events = await every_event(hooks_store)
+    anonymous = (await store.create_conversation(nobody)).id
+    await turn(store, nobody, anonymous, [user_message("n1")], assistant_message("n2"))
+    events = await every_event(store)
     by_conversation = [
         [event for event in events if event.conversation_id == conversation]
         for conversation in (*conversations.values(), anonymous)
@@ -91,27 +100,33 @@ async def test_a_batch_of_several_users_conversations_writes_what_its_events_one
     assert len(completed) > len(set(completed))  # an assistant message updated after its approval
     assert len(batch) > len({event.id for event in batch})
     assert any(not event.signed_in for event in batch) and len(batch) > 60
+    return conversations, batch
 
+
+async def test_a_batch_of_several_users_conversations_writes_what_its_events_one_by_one_write(
+    hooks_store: PostgresStore, hooks_database: HooksDatabase
+) -> None:
+    conversations, batch = await several_users_conversations(hooks_store)
     hook = persist_sessions(hooks_store.pool, agent_id="support", title="Support")
     for event in batch:
         await hook.handle(event)
     one_by_one = chat_rows(hooks_database)
-    hooks_database.execute("truncate bastion.ai_chats, bastion.ai_messages, bastion.ai_runs")
-    assert hook.handle_batch is not None
-    await hook.handle_batch(batch)
+    truncate_chat_tables(hooks_database)
+    assert hook.handle_batch is None and hook.handle_event_ids is not None
+    await hook.handle_event_ids([event.id for event in batch])
     assert chat_rows(hooks_database) == one_by_one
 
     # And what one by one writes is the conversations themselves; the anonymous one is not copied.
+    (ada, ada_conversation), (bob, bob_conversation) = conversations.items()
     chats = hooks_database.rows(
         "select conversation_id::text, owner_id::text, tenant_id, agent_id, title, active_run_id"
         " from bastion.ai_chats order by tenant_id"
     )
     assert chats == [
-        (conversations[ada.user_id], ada.user_id, "tenant-a", "support", "Support", None),
-        (conversations[bob.user_id], bob.user_id, "tenant-b", "support", "Support", None),
+        (ada_conversation, ada.user_id, "tenant-a", "support", "Support", None),
+        (bob_conversation, bob.user_id, "tenant-b", "support", "Support", None),
     ]
-    for who in (ada, bob):
-        conversation = conversations[who.user_id]
+    for who, conversation in conversations.items():
         stored = [m.message for m in await hooks_store.list_messages(who, conversation)]
         assert chat_path(hooks_database, conversation) == expected_path(stored)
         runs, copied = runs_and_copies(hooks_database, conversation)
@@ -124,13 +139,114 @@ async def test_a_batch_of_several_users_conversations_writes_what_its_events_one
     assert statuses == [("aborted", 1), ("complete", 3), ("error", 1)]
 
 
-async def test_only_the_application_server_may_call_the_batch_function(hooks_database: HooksDatabase) -> None:
+async def test_the_previous_versions_batch_function_writes_what_the_events_by_id_write(
+    hooks_store: PostgresStore, hooks_database: HooksDatabase
+) -> None:
+    _, batch = await several_users_conversations(hooks_store)
+    hook = persist_sessions(hooks_store.pool, agent_id="support", title="Support")
+    assert hook.handle_event_ids is not None
+    await hook.handle_event_ids([event.id for event in batch])
+    by_id = chat_rows(hooks_database)
+    truncate_chat_tables(hooks_database)
+    await write_previous_batch(hooks_store, previous_batch(batch, "support", "Support"))
+    assert chat_rows(hooks_database) == by_id
+
+
+async def test_odd_event_data_writes_what_the_previous_version_wrote(
+    hooks_store: PostgresStore, hooks_database: HooksDatabase
+) -> None:
+    """Final run events whose `runId` is missing, empty, false, zero, another run's or truthy but no
+    string; a `run.started` without a run; messages that are no object, with another role, without
+    metadata; usage that is no object: each written (or not) as the Python conversion did."""
     ada = someone()
-    call = "select bastion.persist_session_events('[]')"
-    for dsn in (hooks_database.app_dsn, hooks_database.direct_dsn):
+    conversation, run = str(uuid.uuid4()), str(uuid.uuid4())
+    message = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+    odd: list[tuple[str, str | None, dict[str, Any]]] = [
+        ("run.started", None, {}),
+        ("run.started", run, {"runId": run}),
+        ("message.received", run, {"messageId": "m1", "role": "user", "message": message}),
+        (
+            "message.completed",
+            None,
+            {
+                "messageId": "m2",
+                "parentId": "m1",
+                "role": "assistant",
+                "message": {"id": "m2", "parts": "none", "metadata": [1]},
+            },
+        ),
+        ("message.completed", run, {"messageId": "m3", "role": "tool", "message": "not an object"}),
+        ("message.received", run, {"messageId": "m4", "role": 7, "message": {"metadata": {"k": 1}}}),
+        ("message.deleted", None, {"messageId": "m4", "parentId": "m2"}),
+        ("message.deleted", None, {"messageId": "zz"}),
+    ]
+    # Each final event of a run of its own, so that each one's write (or none) shows.
+    final_data: list[dict[str, Any]] = [
+        {"usage": [1]},
+        {"runId": "", "usage": {"tokens": 3}},
+        {"runId": None},
+        {"runId": 0},
+        {"runId": 0.0},
+        {"runId": False},
+        {"runId": []},
+        {"runId": {}, "usage": "lots"},
+        {"runId": 5},
+        {"runId": True, "usage": {"tokens": 9}},
+        {"runId": ["x"]},
+        {"runId": str(uuid.uuid4()), "usage": {"tokens": 4}},
+    ]
+    finals = ["run.waiting_for_approval", "run.completed", "run.failed", "run.cancelled", "run.interrupted"]
+    odd += [
+        (kind, str(uuid.uuid4()), data)
+        for kind, data in zip(itertools.cycle(finals), final_data, strict=False)
+    ]
+    odd.append(("run.completed", None, {}))
+    event_ids = sorted(
+        event_id
+        for (event_id,) in hooks_database.rows(
+            "insert into bastion.hook_events"
+            " (conversation_id, run_id, owner_id, tenant_id, signed_in, type, data)"
+            " select %s, (r.e ->> 'run_id')::uuid, %s, %s, true, r.e ->> 'type', r.e -> 'data'"
+            " from jsonb_array_elements(%s) with ordinality as r (e, ord) order by r.ord returning id",
+            conversation,
+            ada.user_id,
+            ada.tenant_id,
+            Jsonb([{"type": kind, "run_id": run_id, "data": data} for kind, run_id, data in odd]),
+        )
+    )
+    events = await PostgresHookOutbox(hooks_store.pool).events(event_ids)
+    hook = persist_sessions(hooks_store.pool, title="Odd")
+    assert hook.handle_event_ids is not None
+    await hook.handle_event_ids(event_ids)
+    by_id = chat_rows(hooks_database)
+    assert len(by_id["ai_runs"]) == 10 and len(by_id["ai_messages"]) == 3
+    truncate_chat_tables(hooks_database)
+    await write_previous_batch(hooks_store, previous_batch([events[i] for i in event_ids], None, "Odd"))
+    assert chat_rows(hooks_database) == by_id
+
+
+async def write_previous_batch(store: PostgresStore, batch: list[dict[str, Any]]) -> None:
+    async with store.pool.connection() as conn:
+        await conn.execute("select bastion.persist_session_events(%s)", (Jsonb(batch),))
+
+
+def truncate_chat_tables(database: HooksDatabase) -> None:
+    database.execute("truncate bastion.ai_chats, bastion.ai_messages, bastion.ai_runs")
+
+
+async def test_only_the_application_server_may_call_the_functions_writing_the_chat_tables(
+    hooks_database: HooksDatabase,
+) -> None:
+    ada = someone()
+    calls = [
+        "select bastion.persist_session_events('[]')",
+        "select bastion.persist_session_outbox('{}', null, '')",
+        "select bastion.apply_session_writes('{}')",
+    ]
+    for dsn, call in itertools.product((hooks_database.app_dsn, hooks_database.direct_dsn), calls):
         try:
             await as_user(dsn, ada, call)
         except Exception as error:
-            assert type(error).__name__ == "InsufficientPrivilege"
+            assert type(error).__name__ == "InsufficientPrivilege", call
         else:
-            raise AssertionError("a user called the chat tables' writer")
+            raise AssertionError(f"a user called the chat tables' writer: {call}")
