@@ -250,3 +250,17 @@ async def test_only_the_application_server_may_call_the_functions_writing_the_ch
             assert type(error).__name__ == "InsufficientPrivilege", call
         else:
             raise AssertionError(f"a user called the chat tables' writer: {call}")
+    # Not merely stopped by what the function reads: a user may not execute it at all.
+    writers = [
+        "bastion.persist_session_events(jsonb)",
+        "bastion.persist_session_outbox(bigint[], text, text)",
+        "bastion.apply_session_writes(bastion.session_write[])",
+    ]
+    granted = hooks_database.rows(
+        "select f, has_function_privilege('authenticated', f, 'execute'),"
+        " has_function_privilege('anon', f, 'execute'),"
+        " has_function_privilege('bastion_runtime', f, 'execute')"
+        " from unnest(%s::text[]) f",
+        writers,
+    )
+    assert granted == [(writer, False, False, True) for writer in writers]
