@@ -242,6 +242,7 @@ async def test_only_the_application_server_may_call_the_functions_writing_the_ch
         "select bastion.persist_session_events('[]')",
         "select bastion.persist_session_outbox('{}', null, '')",
         "select bastion.apply_session_writes('{}')",
+        "select bastion.apply_session_writes_in_order('{}')",
     ]
     for dsn, call in itertools.product((hooks_database.app_dsn, hooks_database.direct_dsn), calls):
         try:
@@ -255,6 +256,7 @@ async def test_only_the_application_server_may_call_the_functions_writing_the_ch
         "bastion.persist_session_events(jsonb)",
         "bastion.persist_session_outbox(bigint[], text, text)",
         "bastion.apply_session_writes(bastion.session_write[])",
+        "bastion.apply_session_writes_in_order(bastion.session_write[])",
     ]
     granted = hooks_database.rows(
         "select f, has_function_privilege('authenticated', f, 'execute'),"
