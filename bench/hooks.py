@@ -11,9 +11,9 @@ turns/s per configuration (median of the rounds) and their ratio (goal: on >= 0.
 seconds of this process, of Postgres and of the delivering process per turn, and statements per
 turn, from a round's start until its backlog drained (less noisy than wall time on a shared
 machine); statements per delivered event; then the delivery lag of `persist_sessions` (in this
-process) — from the start of the transaction that wrote the event (`created_at`) to the hook's call
-— p50 and p99 over the events of the measured rounds, and how long the backlog took to drain after
-a round.
+process) — from the start of the transaction that wrote the event (`created_at`) to the end of the
+hook's write — p50 and p99 over the events of the measured rounds, and how long the backlog took to
+drain after a round.
 
     python bench/hooks.py [--users 16] [--turns 20] [--rounds 3] [--pin]
 """
@@ -204,7 +204,6 @@ async def measure(
 ) -> list[str]:
     from bastion.assistant.hooks import usage_counter
 
-    lags: list[float] = []
     after = [2**62]  # events after the warm-up, once it is known
     costs = {name: Costs() for name in ("off", "outbox", "off2", "on", "off3", "worker")}
     async with (
@@ -213,15 +212,15 @@ async def measure(
         await DurableEngine.launch(on_dsn) as engine,
     ):
         sessions = persist_sessions(on.pool)
+        called: list[tuple[datetime, Sequence[int]]] = []  # when persist_sessions wrote which events
 
         async def timed(event: HookEvent) -> None:
-            await timed_batch([event])
+            await timed_ids([event.id])
 
-        async def timed_batch(events: Sequence[HookEvent]) -> None:
-            assert sessions.handle_batch is not None
-            await sessions.handle_batch(events)
-            now = datetime.now(UTC)
-            lags.extend((now - e.created_at).total_seconds() * 1000 for e in events if e.id > after[0])
+        async def timed_ids(event_ids: Sequence[int]) -> None:
+            assert sessions.handle_event_ids is not None
+            await sessions.handle_event_ids(event_ids)
+            called.append((datetime.now(UTC), event_ids))
 
         hooks = HookRegistry(
             [
@@ -229,7 +228,7 @@ async def measure(
                     sessions.name,
                     events=sessions.events,
                     handle=timed,
-                    handle_batch=timed_batch,
+                    handle_event_ids=timed_ids,
                     start="earliest",
                 ),
                 usage_counter(on),
@@ -297,6 +296,7 @@ async def measure(
                 rates["off3"].append(await measured("off3", off, "hooks_off"))
                 rates["worker"].append(await measured("worker", on, "hooks_on", drained, worker))
     worker_rate, off_third = statistics.median(rates["worker"]), statistics.median(rates["off3"])
+    lags = delivery_lags(on_dsn, called, after[0])
     worker_cost = costs["worker"]
     off_rate, on_rate = statistics.median(rates["off"][:rounds]), statistics.median(rates["on"])
     outbox_rate = statistics.median(rates["outbox"])
@@ -336,8 +336,8 @@ async def measure(
         f" {worker_cost.events} events delivered",
         f"outbox events per turn: {on_cost.events / on_cost.turns:.1f}; statements per outbox event for"
         f" delivery (on minus outbox): {per_event:.2f}",
-        f"persist_sessions delivery lag (event's transaction start to the hook's call): p50 {p50:.0f} ms,"
-        f" p99 {p99:.0f} ms over {len(lags)} events; backlog drained {drain * 1000:.0f} ms"
+        "persist_sessions delivery lag (event's transaction start to the end of the hook's write):"
+        f" p50 {p50:.0f} ms, p99 {p99:.0f} ms over {len(lags)} events; backlog drained {drain * 1000:.0f} ms"
         " after a round (median)",
         f"delivery with nothing to deliver, per second: this process CPU {idle_own * 1000:.0f} ms,"
         f" Postgres CPU {quiet.cpu_seconds / idle * 1000:.0f} ms,"
@@ -375,6 +375,17 @@ async def delivering_process(
         except TimeoutError:
             child.kill()
             await child.wait()
+
+
+def delivery_lags(dsn: str, called: list[tuple[datetime, Sequence[int]]], after: int) -> list[float]:
+    """Milliseconds from each event's transaction start to the end of the hook's call that wrote it,
+    for the events after `after` (read once the rounds are over, so the measured calls read nothing)."""
+    written = {event_id: at for at, event_ids in called for event_id in event_ids if event_id > after}
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "select id, created_at from bastion.hook_events where id = any(%s)", (list(written),)
+        ).fetchall()
+    return [(written[event_id] - created).total_seconds() * 1000 for event_id, created in rows]
 
 
 def outbox_size(dsn: str) -> int:
