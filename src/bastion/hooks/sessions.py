@@ -20,7 +20,9 @@ the chat tables' function `bastion.persist_session_outbox` (migration 0003) read
 the outbox and does all the per-event work in the database — the conversion into canonical parts
 and chat ids included (`canonical_parts` and `chat_id_of` stay here for applications; the two are
 tested equal) — so delivery loads no event into this process. A single event is written the same
-way, by its id.
+way, by its id. The batch's writes are applied at once (migration 0004): each chat, message and run
+the batch touches is written with its final state in a few statements, which store exactly what
+the events applied one by one store.
 """
 
 from __future__ import annotations
