@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 from bastion.hooks import chat_id_of
 from tests.hooks_db import HooksDatabase, create_hooks_database
 from tests.pg import PostgresCluster
+from tests.test_hooks_sessions_batch import chat_rows
 
 _FINAL = [
     ("completed", "complete"),
@@ -132,30 +133,6 @@ def _first_of_each_chat(window: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return result
 
 
-def stored(database: HooksDatabase, chats: list[str]) -> dict[str, list[tuple[Any, ...]]]:
-    """The rows of these chats in the chat tables, but for the times of writing."""
-    rows = {}
-    for table, chat, key in (
-        ("ai_chats", "id", "id"),
-        ("ai_messages", "chat_id", "chat_id, id"),
-        ("ai_runs", "chat_id", "id"),
-    ):
-        columns = [
-            name
-            for (name,) in database.rows(
-                "select column_name from information_schema.columns"
-                " where table_schema = 'bastion' and table_name = %s order by ordinal_position",
-                table,
-            )
-            if name != "updated_at" and (table, name) != ("ai_chats", "created_at")
-        ]
-        rows[table] = database.rows(
-            f"select {', '.join(columns)} from bastion.{table} where {chat} = any(%s::uuid[]) order by {key}",
-            chats,
-        )
-    return rows
-
-
 @pytest.fixture(scope="module")
 def databases(pg_cluster: PostgresCluster) -> tuple[HooksDatabase, HooksDatabase]:
     """One database written one write at a time, one written a batch at once (each seed's chats are
@@ -179,6 +156,6 @@ def test_a_batch_written_at_once_stores_what_its_writes_one_by_one_store(
                 singly.execute(_IN_ORDER, (Jsonb([write]),))
             batched.execute(_AT_ONCE, (Jsonb(window),))
     chats = sorted({write["chat"] for write in generated})
-    expected = stored(one_by_one, chats)
+    expected = chat_rows(one_by_one, chats)
     assert all(expected.values())
-    assert stored(at_once, chats) == expected
+    assert chat_rows(at_once, chats) == expected

@@ -27,10 +27,15 @@ from tests.test_hooks_sessions import chat_path, every_event, expected_path, run
 _UNCOMPARED = {"updated_at", "ai_chats.created_at"}
 
 
-def chat_rows(database: HooksDatabase) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of the chat tables, whole but for the columns the time of writing sets."""
+def chat_rows(database: HooksDatabase, chats: list[str] | None = None) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the chat tables (of `chats`, if given), whole but for the columns the time of
+    writing sets."""
     rows = {}
-    for table, key in (("ai_chats", "id"), ("ai_messages", "chat_id, id"), ("ai_runs", "id")):
+    for table, chat, key in (
+        ("ai_chats", "id", "id"),
+        ("ai_messages", "chat_id", "chat_id, id"),
+        ("ai_runs", "chat_id", "id"),
+    ):
         columns = [
             name
             for (name,) in database.rows(
@@ -42,7 +47,12 @@ def chat_rows(database: HooksDatabase) -> dict[str, list[tuple[Any, ...]]]:
         ]
         # As text: a JSON null and no value (SQL null), or `true` and `1`, differ.
         listed = ", ".join(f"{name}::text" for name in columns)
-        rows[table] = database.rows(f"select {listed} from bastion.{table} order by {key}")
+        rows[table] = database.rows(
+            f"select {listed} from bastion.{table} where %s::uuid[] is null or {chat} = any(%s::uuid[])"
+            f" order by {key}",
+            chats,
+            chats,
+        )
     return rows
 
 
