@@ -116,9 +116,8 @@ begin
     select distinct e.run, e.first_ord from run_events e where not e.existed
   ),
   prior_messages as (
-    select m.chat_id, m.id, m.event_id, m.run_id, m.status from bastion.ai_messages m
+    select m.chat_id, m.id, m.event_id from bastion.ai_messages m
      where (m.chat_id, m.id) in (select w.chat, w.id from w where w.write = 'message')
-        or (m.chat_id, m.id) in (select w.chat, p.assistant_message_id from w join prior_runs p on p.id = w.run)
   ),
   written as (  -- the message writes that apply: newer than the row (a chat's events come in order)
     select w.* from w left join prior_messages p on p.chat_id = w.chat and p.id = w.id
