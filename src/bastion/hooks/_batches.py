@@ -8,8 +8,11 @@ finish; see `bastion.hooks.delivery` for the whole design.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, TypeAlias
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final, ParamSpec, TypeAlias, TypeVar
 
+import psycopg
 from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
 
 if TYPE_CHECKING:
@@ -30,7 +33,13 @@ __all__ = [
 
 # The names of a hook's batch workflows: this version's and the one an earlier version enqueued.
 BATCH_WORKFLOWS: Final = ("bastion.hooks.batch", "bastion.hooks.deliver_batch")
+# The durable pauses before a step the outbox could not be reached for runs again (seconds).
+FIRST_PAUSE: Final = 1.0
+LONGEST_PAUSE: Final = 60.0
 _active: HookDelivery | None = None
+logger = logging.getLogger("bastion.hooks")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def activate(delivery: HookDelivery) -> None:
@@ -106,6 +115,20 @@ async def _set_aside(hook: str, batch_workflow_id: str, aside: Aside) -> Aside:
     return aside
 
 
+async def _until_reached(step: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs) -> R:
+    """Run a step until the outbox answers it: a transient database error pauses the workflow,
+    durably and for longer each time, instead of failing it and losing its events. Each failed try
+    is a recorded step, so a workflow run again after a crash takes the same path."""
+    pause = FIRST_PAUSE
+    while True:
+        try:
+            return await step(*args, **kwargs)
+        except psycopg.OperationalError:
+            logger.warning("A hook delivery could not reach the outbox; trying again.", exc_info=True)
+        await DBOS.sleep_async(pause)
+        pause = min(pause * 2, LONGEST_PAUSE)
+
+
 def _lane(batch_workflow_id: str, conversation: str) -> str:
     return f"{batch_workflow_id}:c{conversation}"
 
@@ -118,11 +141,18 @@ async def deliver_events(hook: str, batch: Batch, generation: int) -> int:
     The hook is called in the workflow itself, not in a step (a step's check and record would cost
     DBOS two transactions per batch): a run again after a crash calls it again with the batch, as a
     step not yet recorded would. Its conversations held by the first run's lanes count as held, and
-    the lanes come from the recorded `_set_aside`, so the run enqueues what the first one did."""
-    aside = await _delivery().attempt_batch(hook, batch, generation)
+    the lanes come from the recorded `_set_aside`, so the run enqueues what the first one did.
+
+    When the outbox cannot be reached (a transient database error, not the hook's), every
+    conversation of the batch is set aside: its lane retries until the outbox answers."""
+    try:
+        aside = await _delivery().attempt_batch(hook, batch, generation)
+    except psycopg.OperationalError:
+        logger.warning("Hook %s's batch could not reach the outbox; setting it aside.", hook, exc_info=True)
+        aside = [(conversation, event_ids, 0) for conversation, event_ids in batch]
     if not aside:
         return 0
-    aside = await _set_aside(hook, DBOS.workflow_id or "", aside)
+    aside = await _until_reached(_set_aside, hook, DBOS.workflow_id or "", aside)
     await _enqueue_lanes(hook, aside, generation)
     return len(aside)
 
@@ -160,7 +190,7 @@ async def _deliver_aside(
     if tried:
         await DBOS.sleep_async(policy.delay(tried))
     given_up = await _deliver_in_order(hook, event_ids, generation, tried + 1)
-    await _release(hook, conversation, DBOS.workflow_id or "")
+    await _until_reached(_release, hook, conversation, DBOS.workflow_id or "")
     return given_up
 
 
@@ -177,7 +207,7 @@ async def _deliver_in_order(hook: str, event_ids: list[int], generation: int, at
     policy = _delivery().hook(hook).retry
     remaining, given_up = list(event_ids), 0
     while remaining:
-        done, error = await _attempt(hook, remaining, generation, attempt)
+        done, error = await _until_reached(_attempt, hook, remaining, generation, attempt)
         if done:
             attempt = 1
         remaining = remaining[done:]

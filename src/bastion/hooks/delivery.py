@@ -39,6 +39,10 @@ Workflows earlier versions enqueued (batches in the queue's `~batches` partition
 `bastion.hooks.deliver`, one per conversation) still run from the hook's queue, and a batch waiting
 there counts as in flight, so deliveries in flight across an upgrade finish, in order.
 
+An outbox that cannot be reached (a transient database error, `psycopg.OperationalError`, not the
+hook's own) fails no delivery: a batch sets the conversations it could not finish aside, and a lane
+pauses durably (from 1 s, doubling up to a minute) and tries its step again until the outbox answers.
+
 A worker killed after the hook acted and before DBOS recorded the outcome (the batch's end, or a
 retry's step) makes the next worker call the hook again with those events: delivery is at least
 once, and a hook keyed by `HookEvent.id` acts once in effect.
@@ -273,7 +277,15 @@ class HookDelivery:
                     event = events.get(event_id)
                     if event is None:
                         continue  # no longer in the outbox: nothing to deliver
-                    if await self._call(hook, event, generation, 1) and hook.retry.max_attempts > 1:
+                    try:
+                        failed = await self._call(hook, event, generation, 1)
+                    except psycopg.OperationalError:
+                        # The outbox, not the hook: its lane tries the event again once it answers.
+                        logger.warning(
+                            "Hook %s's delivery could not reach the outbox.", hook_name, exc_info=True
+                        )
+                        return conversation, event_ids[index:], 0
+                    if failed and hook.retry.max_attempts > 1:
                         return conversation, event_ids[index:], 1
             return None
 
