@@ -132,6 +132,10 @@ class Costs:
         self.statements += counters.statements
         self.events += events
 
+    def cpu_per_turn(self) -> float:
+        """Every process's CPU seconds per turn: this one's, Postgres's and a delivering process's."""
+        return (self.own_cpu + self.postgres_cpu + self.worker_cpu) / max(1, self.turns)
+
     def row(self, label: str) -> str:
         own, server = self.own_cpu / self.turns * 1000, self.postgres_cpu / self.turns * 1000
         return f"| {label} | {own:.1f} | {server:.1f} | {self.statements / self.turns:.1f} |"
@@ -170,6 +174,13 @@ async def run(
             )
         finally:
             postgres.close()
+
+
+def paired(off: list[float], on: list[float]) -> str:
+    """The median and range of each round's rate over the off round run just before it: on a shared
+    machine whose speed drifts over minutes, neighbours compare better than medians of whole phases."""
+    ratios = sorted(b / a for a, b in zip(off, on, strict=True))
+    return f"{statistics.median(ratios):.2f} [{ratios[0]:.2f} to {ratios[-1]:.2f}]"
 
 
 def pin_apart(postgres: BenchPostgres) -> set[int]:
@@ -322,6 +333,15 @@ async def measure(
         f"ratio outbox/off: {outbox_rate / off_rate:.2f} (goal >= 0.90 for the turn's own cost);"
         f" in-process delivery/off: {on_rate / off_again:.2f}; delivery by another process/off:"
         f" {worker_rate / off_third:.2f}",
+        "",
+        "paired ratios (each round against the off round just before it), median [min to max]: outbox/off"
+        f" {paired(rates['off'][:rounds], rates['outbox'])}; in-process delivery/off"
+        f" {paired(rates['off'][rounds:], rates['on'])}; delivery by another process/off"
+        f" {paired(rates['off3'], rates['worker'])}",
+        "CPU ratios (all processes' CPU per turn, off over on: the throughput ratio of a saturated machine):"
+        f" outbox {costs['off'].cpu_per_turn() / outbox_cost.cpu_per_turn():.2f}; in-process delivery"
+        f" {costs['off2'].cpu_per_turn() / on_cost.cpu_per_turn():.2f}; delivery by another process"
+        f" {costs['off3'].cpu_per_turn() / worker_cost.cpu_per_turn():.2f}",
         "",
         "| per turn, until drained | this process CPU ms | Postgres CPU ms | statements |",
         "|---|---|---|---|",

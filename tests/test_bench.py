@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -46,6 +47,11 @@ async def test_the_hooks_benchmark_measures_three_configurations_and_the_lag() -
     bench = load("hooks")
     lines = await bench.run(users=2, turns=2, rounds=1, idle=0.2)
     assert any(line.startswith("ratio outbox/off:") for line in lines)
+    [paired] = [line for line in lines if line.startswith("paired ratios")]
+    # Each phase's median and range of its rounds' ratios.
+    assert len(re.findall(r"\d\.\d\d \[\d\.\d\d to \d\.\d\d\]", paired)) == 3
+    [cpu] = [line for line in lines if line.startswith("CPU ratios")]
+    assert "outbox 0." in cpu or "outbox 1." in cpu
     assert any(line.startswith("| delivered in this process |") for line in lines)
     assert any(line.startswith("| delivered by another process |") for line in lines)
     [worker] = [line for line in lines if line.startswith("the delivering process:")]
