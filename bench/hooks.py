@@ -15,7 +15,7 @@ process) — from the start of the transaction that wrote the event (`created_at
 hook's write — p50 and p99 over the events of the measured rounds, and how long the backlog took to
 drain after a round.
 
-    python bench/hooks.py [--users 16] [--turns 20] [--rounds 3] [--pin]
+    python -m bench.hooks [--users 16] [--turns 20] [--rounds 3] [--pin]
 """
 
 from __future__ import annotations

@@ -59,3 +59,11 @@ async def test_the_hooks_benchmark_measures_three_configurations_and_the_lag() -
     assert "outbox events per turn: 4.0" in lines[-3]
     assert "over 16 events" in lines[-2]  # four persist_sessions events per turn
     assert lines[-1].startswith("delivery with nothing to deliver, per second:")
+
+
+async def test_the_outbox_benchmark_compares_the_triggers_on_with_off() -> None:
+    bench = load("hooks_outbox")
+    lines = await bench.run(writers=2, pairs=5, rounds=1)
+    assert lines[0].startswith("Postgres CPU per pair") and "(2 writers, 5 pairs each" in lines[0]
+    assert lines[1].startswith("the outbox's triggers add per turn (two pairs):")
+    assert lines[2].startswith("these writes' Postgres CPU, triggers off / on:")
