@@ -54,6 +54,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Final, TypeAlias
 
 import psycopg
@@ -250,25 +251,16 @@ class HookDelivery:
         held = await self.outbox.held(hook_name, [conversation for conversation, _ in batch])
         aside: Aside = [(conversation, ids, 0) for conversation, ids in batch if conversation in held]
         batch = [(conversation, ids) for conversation, ids in batch if conversation not in held]
-        if hook.handle_event_ids is not None and batch:
-            try:
-                event_ids = [event_id for _, ids in batch for event_id in ids]
-                await asyncio.wait_for(hook.handle_event_ids(event_ids), hook.timeout)
+        event_ids = [event_id for _, ids in batch for event_id in ids]
+        by_ids = hook.handle_event_ids
+        if by_ids is not None and event_ids and await self._took_whole(hook, lambda: by_ids(event_ids)):
+            return aside
+        events = await self.outbox.events(event_ids)
+        whole = hook.handle_batch
+        if whole is not None and events:
+            in_order = [events[event_id] for event_id in event_ids if event_id in events]
+            if await self._took_whole(hook, lambda: whole(in_order)):
                 return aside
-            except Exception:
-                logger.info(
-                    "Hook %s failed on a batch; delivering it event by event.", hook_name, exc_info=True
-                )
-        events = await self.outbox.events([event_id for _, ids in batch for event_id in ids])
-        if hook.handle_batch is not None and events:
-            in_order = [events[event_id] for _, ids in batch for event_id in ids if event_id in events]
-            try:
-                await asyncio.wait_for(hook.handle_batch(in_order), hook.timeout)
-                return aside
-            except Exception:
-                logger.info(
-                    "Hook %s failed on a batch; delivering it event by event.", hook_name, exc_info=True
-                )
         gate = asyncio.Semaphore(_CONVERSATIONS_AT_ONCE)
 
         async def conversation_of(conversation: str, event_ids: list[int]) -> SetAside | None:
@@ -291,6 +283,16 @@ class HookDelivery:
 
         outcomes = await asyncio.gather(*(conversation_of(c, ids) for c, ids in batch))
         return aside + [outcome for outcome in outcomes if outcome is not None]
+
+    async def _took_whole(self, hook: Hook, call: Callable[[], Awaitable[None]]) -> bool:
+        """Whether the hook took a whole batch at once (`call`); when it raised, the batch goes out
+        event by event, which finds the failing event and retries it alone."""
+        try:
+            await asyncio.wait_for(call(), hook.timeout)
+        except Exception:
+            logger.info("Hook %s failed on a batch; delivering it event by event.", hook.name, exc_info=True)
+            return False
+        return True
 
     async def attempt(
         self, hook_name: str, event_ids: list[int], generation: int, attempt: int
