@@ -1,8 +1,8 @@
 -- The outbox's triggers as in 0005, with fewer statements on the turn's path: they write the same
 -- rows. Each statement a trigger runs pays the executor's setup again, which with many turns at once
--- cost more than the rows themselves: the sign-in is now read in the insert itself (it was a call of
--- `hook_signed_in`, a function with its own `search_path`, so never inlined), and whether a
--- dispatcher wants a wake-up is read in the same statement as the insert.
+-- cost more than the rows themselves: the sign-in is now read in the insert itself, once per
+-- statement (it was a call of `hook_signed_in`, a function with its own `search_path`, so never
+-- inlined), and whether a dispatcher wants a wake-up is read in the same statement as the insert.
 
 create or replace function bastion.hook_record_run_events() returns trigger
   language plpgsql
@@ -16,7 +16,7 @@ begin
     insert into bastion.hook_events
       (conversation_id, run_id, owner_id, tenant_id, signed_in, type, data, run_event_id)
     select n.conversation_id, n.run_id, n.owner_id, n.tenant_id,
-           coalesce(auth.jwt() ->> 'is_anonymous', 'false') <> 'true', n.type, n.data, n.id
+           (select coalesce(auth.jwt() ->> 'is_anonymous', 'false') <> 'true'), n.type, n.data, n.id
       from new_events n
      order by n.id
     returning 1
@@ -40,7 +40,7 @@ begin
   with written as (
     insert into bastion.hook_events (conversation_id, run_id, owner_id, tenant_id, signed_in, type, data)
     select n.conversation_id, running.id, n.owner_id, n.tenant_id,
-           coalesce(auth.jwt() ->> 'is_anonymous', 'false') <> 'true',
+           (select coalesce(auth.jwt() ->> 'is_anonymous', 'false') <> 'true'),
            case n.role when 'user' then 'message.received' else 'message.completed' end,
            jsonb_build_object(
              'messageId', n.id,
@@ -84,7 +84,7 @@ begin
   with written as (
     insert into bastion.hook_events (conversation_id, run_id, owner_id, tenant_id, signed_in, type, data)
     select o.conversation_id, running.id, o.owner_id, o.tenant_id,
-           coalesce(auth.jwt() ->> 'is_anonymous', 'false') <> 'true', 'message.deleted',
+           (select coalesce(auth.jwt() ->> 'is_anonymous', 'false') <> 'true'), 'message.deleted',
            jsonb_build_object(
              'messageId', o.id,
              'seq', o.seq,
