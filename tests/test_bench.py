@@ -49,9 +49,11 @@ async def test_the_hooks_benchmark_measures_three_configurations_and_the_lag() -
     assert any(line.startswith("ratio outbox/off:") for line in lines)
     [paired] = [line for line in lines if line.startswith("paired ratios")]
     # Each phase's median and range of its rounds' ratios.
-    assert len(re.findall(r"\d\.\d\d \[\d\.\d\d to \d\.\d\d\]", paired)) == 3
+    assert len(re.findall(r"\d+\.\d\d \[\d+\.\d\d to \d+\.\d\d\]", paired)) == 3
     [cpu] = [line for line in lines if line.startswith("CPU ratios")]
-    assert "outbox 0." in cpu or "outbox 1." in cpu
+    # Four turns are too few for the ratios' values to mean anything; their form is what holds.
+    r = r"\d+\.\d\d"
+    assert re.search(f"outbox {r}; in-process delivery {r}; delivery by another process {r}$", cpu)
     assert any(line.startswith("| delivered in this process |") for line in lines)
     assert any(line.startswith("| delivered by another process |") for line in lines)
     [worker] = [line for line in lines if line.startswith("the delivering process:")]
