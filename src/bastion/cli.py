@@ -28,16 +28,17 @@ def main(argv: list[str] | None = None) -> int:
     token = commands.add_parser("token", help="print a development sign-in token for USER")
     token.add_argument("user", help="a user name (letters, digits, dots, dashes, underscores)")
     hooks = commands.add_parser(
-        "hooks", help="list the event hooks' lag and failures, replay one, or prune the delivered"
+        "hooks",
+        help="list the event hooks' lag and failures, replay one, prune the delivered, forget a retired one",
     )
     hooks.add_argument(
         "action",
         nargs="?",
         default="list",
-        choices=("list", "failures", "replay", "prune"),
+        choices=("list", "failures", "replay", "prune", "forget"),
         help="default: list",
     )
-    hooks.add_argument("hook", nargs="?", help="the hook to show failures of, or to replay")
+    hooks.add_argument("hook", nargs="?", help="the hook to show failures of, to replay or to forget")
     hooks.add_argument("--from", dest="from_event", type=int, help="replay from this event id on")
     hooks.add_argument(
         "--older-than", help="prune: events every hook has passed older than this age (30d, 12h, 45m, 90s)"
@@ -122,10 +123,20 @@ async def _hooks(
 
     from bastion.assistant.database import open_database
     from bastion.hooks import HookEventPruned
-    from bastion.hooks.report import failures_report, parse_age, prune_hooks, replay_hook, status_report
+    from bastion.hooks.report import (
+        failures_report,
+        forget_hook,
+        parse_age,
+        prune_hooks,
+        replay_hook,
+        status_report,
+    )
 
     if action == "replay" and (hook is None or from_event is None):
         _progress("replay needs a hook and --from EVENT_ID, e.g. bastion hooks replay usage --from 120")
+        return 2
+    if action == "forget" and hook is None:
+        _progress("forget needs the hook's name, e.g. bastion hooks forget usage")
         return 2
     age = None
     if action == "prune":
@@ -149,9 +160,13 @@ async def _hooks(
                 assert age is not None
                 lines = [await prune_hooks(pool, database.app_conninfo, age)]
             else:
-                assert hook is not None and from_event is not None
+                assert hook is not None
                 try:
-                    lines = [await replay_hook(pool, hook, from_event)]
+                    if action == "forget":
+                        lines = [await forget_hook(pool, database.app_conninfo, hook)]
+                    else:
+                        assert from_event is not None
+                        lines = [await replay_hook(pool, hook, from_event)]
                 except HookEventPruned as error:
                     _progress(f"{error.code}: {error}")
                     return 2

@@ -9,7 +9,9 @@ outbox in Postgres, at least once and in order per conversation, each hook at it
   (`apply_chat_table_migrations`), with `chat_id_of` and `canonical_parts`.
 - `PostgresHookOutbox`: positions, lag, failures and replay, for operators (`bastion hooks`);
   `HookEventPruned` (code `hook_event_pruned`) for a replay from a pruned event.
-- `prune_outbox`, `prune_deliveries`: retention of what every hook has passed (`bastion hooks prune`).
+- `prune_outbox`, `prune_deliveries`: retention of what every hook has passed (`bastion hooks prune`);
+  `PostgresHookOutbox.forget` and `cancel_deliveries` retire a hook no longer registered
+  (`bastion hooks forget`), whose position would otherwise hold retention back.
 
 Needs Postgres and the `durable` extra.
 """
@@ -25,6 +27,7 @@ from bastion.hooks.delivery import (
 from bastion.hooks.events import EVENT_TYPES, HookEvent
 from bastion.hooks.outbox import (
     EventWindow,
+    ForgottenHook,
     HookEventPruned,
     HookFailure,
     HookStatus,
@@ -42,7 +45,7 @@ from bastion.hooks.registry import (
     RetryPolicy,
     define_hook,
 )
-from bastion.hooks.retention import Pruned, prune_deliveries, prune_outbox
+from bastion.hooks.retention import Pruned, cancel_deliveries, prune_deliveries, prune_outbox
 from bastion.hooks.sessions import PERSIST_SESSIONS_EVENTS, persist_sessions
 
 __all__ = [
@@ -51,6 +54,7 @@ __all__ = [
     "BatchHandler",
     "EventIdsHandler",
     "EventWindow",
+    "ForgottenHook",
     "Hook",
     "HookDelivery",
     "HookEvent",
@@ -64,6 +68,7 @@ __all__ = [
     "RetryPolicy",
     "apply_chat_table_migrations",
     "apply_hooks_migrations",
+    "cancel_deliveries",
     "canonical_parts",
     "chat_id_of",
     "define_hook",

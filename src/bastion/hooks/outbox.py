@@ -24,6 +24,7 @@ from bastion.stores import Migration, apply_application_migrations, available_mi
 
 __all__ = [
     "EventWindow",
+    "ForgottenHook",
     "HookEventPruned",
     "HookFailure",
     "HookStatus",
@@ -47,6 +48,15 @@ select %(hook)s, %(events)s,
        case when %(latest)s then pg_snapshot_xmin(pg_current_snapshot()) else '0'::xid8 end, 0
 on conflict (hook) do update set events = excluded.events, updated_at = now()
  where bastion.hook_subscriptions.events is distinct from excluded.events
+"""
+
+# The subscription goes with its failures and holds (their foreign keys cascade); the counts read the
+# statement's snapshot, from before the delete.
+_FORGET: Final = """
+with gone as (delete from bastion.hook_subscriptions where hook = %(hook)s returning hook)
+select (select count(*) from gone),
+       (select count(*) from bastion.hook_failures where hook = %(hook)s),
+       (select count(*) from bastion.hook_holds where hook = %(hook)s)
 """
 
 _LOCK: Final = """
@@ -136,6 +146,14 @@ class HookStatus:
     oldest_undispatched_at: datetime | None
     retrying: int
     given_up: int
+
+
+@dataclass(frozen=True, slots=True)
+class ForgottenHook:
+    """What `forget` deleted with a hook's subscription: its failure records and conversations held."""
+
+    failures: int
+    holds: int
 
 
 def hook_migrations() -> list[Migration]:
@@ -346,6 +364,15 @@ class PostgresHookOutbox:
             )
             for r in rows
         ]
+
+    async def forget(self, hook: str) -> ForgottenHook | None:
+        """Delete `hook`'s subscription with its failures and holds, so its position no longer holds
+        retention back: for a hook the application no longer registers (a process that still does
+        subscribes it afresh, from where its `start` says, when it starts). None when it has none."""
+        async with self._transaction() as conn:
+            row = await (await conn.execute(_FORGET, {"hook": hook})).fetchone()
+        assert row is not None
+        return ForgottenHook(failures=row[1], holds=row[2]) if row[0] else None
 
     async def replay(self, hook: str, from_event_id: int) -> int:
         """Deliver `hook` again from event `from_event_id` on (in delivery order), as a new generation so

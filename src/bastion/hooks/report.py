@@ -1,4 +1,5 @@
-"""The operator's view of the hooks, as text: each hook's position, lag and failures, and replays.
+"""The operator's view of the hooks, as text: each hook's position, lag and failures, replays, pruning
+and forgetting a hook.
 
 `bastion hooks` prints it; any application can call these over its own pool.
 """
@@ -11,9 +12,9 @@ from typing import Final
 
 from bastion.hooks.delivery import Pool, queued_deliveries
 from bastion.hooks.outbox import PostgresHookOutbox
-from bastion.hooks.retention import prune_deliveries, prune_outbox
+from bastion.hooks.retention import cancel_deliveries, prune_deliveries, prune_outbox
 
-__all__ = ["failures_report", "parse_age", "prune_hooks", "replay_hook", "status_report"]
+__all__ = ["failures_report", "forget_hook", "parse_age", "prune_hooks", "replay_hook", "status_report"]
 
 _AGE: Final = re.compile(r"([0-9]{1,6})([smhd])")
 _UNITS: Final = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -91,5 +92,16 @@ async def prune_hooks(pool: Pool, conninfo: str, older_than: timedelta) -> str:
     )
 
 
-def _columns(values: tuple[object, ...]) -> str:
-    return " ".join(f"{value!s:>{width}}" for value, width in zip(values, _WIDTHS, strict=True))
+async def forget_hook(pool: Pool, conninfo: str, hook: str) -> str:
+    """Delete a retired hook's subscription, failures and holds, and cancel its unfinished deliveries.
+    Run again after an interruption, it cancels what is left; LookupError when nothing of it is left."""
+    forgotten = await PostgresHookOutbox(pool).forget(hook)
+    cancelled = await cancel_deliveries(conninfo, hook)
+    if forgotten is None and cancelled == 0:
+        raise LookupError(f"There is no hook named {hook!r}.")
+    position = (
+        "it had no subscription left"
+        if forgotten is None
+        else f"deleted its position, {forgotten.failures} failure record(s) and {forgotten.holds} hold(s)"
+    )
+    return f"Forgot {hook}: {position}; cancelled {cancelled} unfinished delivery workflow(s)."

@@ -6,11 +6,17 @@ deliveries that finished that long ago. The outbox remembers the highest event i
 replay from a pruned event fails with `HookEventPruned` (code `hook_event_pruned`). Pruning is safe
 while delivery runs: positions only move forward except by a replay, which pruning locks out for the
 one statement it takes.
+
+A hook the application no longer registers would hold every later event back for ever, with the
+deliveries of it still enqueued (no process serves its queue); `PostgresHookOutbox.forget` deletes its
+subscription and `cancel_deliveries` its unfinished deliveries (`bastion hooks forget`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
@@ -21,7 +27,7 @@ from bastion.durable import DURABLE_SCHEMA, system_database_url
 from bastion.hooks._batches import delivery_workflow_prefix
 from bastion.hooks.delivery import Pool
 
-__all__ = ["Pruned", "prune_deliveries", "prune_outbox"]
+__all__ = ["Pruned", "cancel_deliveries", "prune_deliveries", "prune_outbox"]
 
 # Events every hook has passed (at or before every position), that no unfinished delivery still
 # carries (before the first event of each, named in its workflow id: a batch's events all follow its
@@ -90,23 +96,43 @@ async def prune_outbox(pool: Pool, older_than: timedelta) -> Pruned:
 async def prune_deliveries(conninfo: str, hooks: list[str], older_than: timedelta) -> int:
     """Delete the hooks' delivery workflows that finished more than `older_than` ago from DBOS (its
     client, on `conninfo` as the application's role); returns how many."""
+    if not hooks:
+        return 0
     cutoff = (datetime.now(UTC) - older_than).isoformat()
-    client = DBOSClient(system_database_url=system_database_url(conninfo), dbos_system_schema=DURABLE_SCHEMA)
-    try:
-        finished = (
-            await client.list_workflows_async(
-                workflow_id_prefix=[delivery_workflow_prefix(hook) for hook in hooks],
-                status=["SUCCESS", "ERROR", "CANCELLED"],
-                completed_before=cutoff,
-                load_input=False,
-                load_output=False,
-            )
-            if hooks
-            else []
+    async with _client(conninfo) as client:
+        finished = await client.list_workflows_async(
+            workflow_id_prefix=[delivery_workflow_prefix(hook) for hook in hooks],
+            status=["SUCCESS", "ERROR", "CANCELLED"],
+            completed_before=cutoff,
+            load_input=False,
+            load_output=False,
         )
         ids = [workflow.workflow_id for workflow in finished]
         if ids:
             await client.delete_workflows_async(ids)
-        return len(ids)
+    return len(ids)
+
+
+async def cancel_deliveries(conninfo: str, hook: str) -> int:
+    """Cancel `hook`'s delivery workflows still enqueued or running (batches and their lanes), so none
+    holds retention back or runs again when recovered; returns how many."""
+    async with _client(conninfo) as client:
+        unfinished = await client.list_workflows_async(
+            workflow_id_prefix=delivery_workflow_prefix(hook),
+            status=["ENQUEUED", "PENDING"],
+            load_input=False,
+            load_output=False,
+        )
+        ids = [workflow.workflow_id for workflow in unfinished]
+        if ids:
+            await client.cancel_workflows_async(ids)
+    return len(ids)
+
+
+@asynccontextmanager
+async def _client(conninfo: str) -> AsyncIterator[DBOSClient]:
+    client = DBOSClient(system_database_url=system_database_url(conninfo), dbos_system_schema=DURABLE_SCHEMA)
+    try:
+        yield client
     finally:
         await asyncio.to_thread(client.destroy)

@@ -1,0 +1,123 @@
+"""Forgetting a retired hook: its subscription, failures and holds go and its unfinished deliveries are
+cancelled, so retention prunes past where it stopped; the other hooks carry on."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from bastion.hooks import (
+    ForgottenHook,
+    PostgresHookOutbox,
+    delivery_workflow_prefix,
+    prune_outbox,
+    queued_deliveries,
+)
+from bastion.stores import PostgresStore
+from tests.hooks_db import HooksDatabase
+from tests.test_hooks_delivery import (
+    bastion_hooks,
+    calls,
+    delivering,
+    dispatched,
+    effects,
+    hook_tables,
+    outbox_ids,
+    simple_turns,
+    until,
+)
+from tests.test_hooks_retention import unfinished
+
+__all__ = ["hook_tables"]  # the fixture, shared with the delivery tests
+
+
+def unfinished_of(database: HooksDatabase, hook: str) -> int:
+    [(count,)] = database.rows(
+        "select count(*) from dbos.workflow_status"
+        " where starts_with(workflow_uuid, %s) and status in ('ENQUEUED', 'PENDING')",
+        delivery_workflow_prefix(hook),
+    )
+    return int(count)
+
+
+def held(database: HooksDatabase, hook: str) -> int:
+    [(count,)] = database.rows("select count(*) from bastion.hook_holds where hook = %s", hook)
+    return int(count)
+
+
+async def test_a_forgotten_hook_no_longer_holds_retention_back(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore, tmp_path: Path
+) -> None:
+    database = hook_tables
+    outbox = PostgresHookOutbox(hooks_store.pool)
+    async with delivering(database, hooks_store, "recorder", "broken"):
+        await simple_turns(hooks_store, 1)
+        expected = outbox_ids(database)
+        await until(lambda: len(effects(database, "recorder")) == len(expected))
+        await until(lambda: dispatched(database, "broken"))
+        await until(lambda: database.rows("select 1 from bastion.hook_failures where hook = 'broken'"))
+
+        async def recorder_done() -> bool:
+            return "recorder" not in await queued_deliveries(hooks_store.pool)
+
+        await until(recorder_done)
+    # The application stops registering `broken`: its delivery, still retrying the first event,
+    # keeps every event in the outbox.
+    waiting = unfinished(database)
+    assert waiting >= 1
+    assert (await prune_outbox(hooks_store.pool, timedelta(0))).events == 0
+    holds = held(database, "broken")
+
+    # An interrupted forget: the subscription went, its deliveries were not cancelled yet.
+    assert await outbox.forget("broken") == ForgottenHook(failures=1, holds=holds)
+    assert database.rows("select hook from bastion.hook_subscriptions") == [("recorder",)]
+    assert database.rows("select 1 from bastion.hook_failures") == []
+    assert held(database, "broken") == 0
+    assert await outbox.forget("broken") is None
+    # Run again, the command cancels what is left.
+    code, forgot, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path, "forget", "broken")
+    assert code == 0
+    assert forgot.strip() == (
+        f"Forgot broken: it had no subscription left; cancelled {waiting} unfinished delivery workflow(s)."
+    )
+    assert unfinished(database) == 0
+    code, listed, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path)
+    assert code == 0 and [line.split()[0] for line in listed.splitlines()[1:]] == ["recorder"]
+    # Now every event the remaining hook has passed goes.
+    assert (await prune_outbox(hooks_store.pool, timedelta(0))).events == len(expected)
+    assert outbox_ids(database) == []
+    code, _, refused = await asyncio.to_thread(bastion_hooks, database, tmp_path, "forget", "broken")
+    assert code == 2 and "There is no hook named 'broken'." in refused
+
+
+async def test_forgetting_a_hook_while_delivery_runs_stops_it_and_spares_the_others(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore, tmp_path: Path
+) -> None:
+    database = hook_tables
+    async with delivering(database, hooks_store, "recorder", "broken"):
+        await simple_turns(hooks_store, 1)
+        await until(lambda: database.rows("select 1 from bastion.hook_failures where hook = 'broken'"))
+        assert unfinished_of(database, "broken") >= 1
+        code, forgot, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path, "forget", "broken")
+        assert code == 0 and forgot.startswith("Forgot broken: deleted its position, 1 failure record(s)")
+        assert unfinished_of(database, "broken") == 0
+        # Later turns reach the remaining hook and none reaches the forgotten one.
+        called = set(calls(database, "broken"))
+        await simple_turns(hooks_store, 2)
+        expected = outbox_ids(database)
+        await until(lambda: len(effects(database, "recorder")) == len(expected))
+        await until(lambda: dispatched(database, "recorder"))
+        assert set(calls(database, "broken")) == called
+        assert database.rows("select hook from bastion.hook_subscriptions") == [("recorder",)]
+
+
+def test_a_forget_without_a_hook_is_refused_before_connecting(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from bastion.cli import main
+
+    assert main(["hooks", "forget", "--data-dir", str(tmp_path)]) == 2
+    assert "forget needs the hook's name" in capsys.readouterr().err
