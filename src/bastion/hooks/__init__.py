@@ -8,7 +8,8 @@ outbox in Postgres, at least once and in order per conversation, each hook at it
 - `persist_sessions`: the built-in hook copying conversations into the chat tables
   (`apply_chat_table_migrations`), with `chat_id_of` and `canonical_parts`.
 - `PostgresHookOutbox`: positions, lag, failures and replay, for operators (`bastion hooks`);
-  `HookEventPruned` (code `hook_event_pruned`) for a replay from a pruned event.
+  `HookEventPruned` (code `hook_event_pruned`) for a replay from a pruned event;
+  `queued_deliveries` and `failed_deliveries`: delivery workflows unfinished, or ended in an error.
 - `prune_outbox`, `prune_deliveries`: retention of what every hook has passed (`bastion hooks prune`);
   `PostgresHookOutbox.forget` and `cancel_deliveries` retire a hook no longer registered
   (`bastion hooks forget`), whose position would otherwise hold retention back.
@@ -22,6 +23,11 @@ from bastion.hooks.delivery import (
     delivery_workflow_id,
     delivery_workflow_prefix,
     hook_queue_name,
+)
+from bastion.hooks.delivery_status import (
+    FailedDelivery,
+    failed_deliveries,
+    failed_delivery_counts,
     queued_deliveries,
 )
 from bastion.hooks.events import EVENT_TYPES, HookEvent
@@ -54,6 +60,7 @@ __all__ = [
     "BatchHandler",
     "EventIdsHandler",
     "EventWindow",
+    "FailedDelivery",
     "ForgottenHook",
     "Hook",
     "HookDelivery",
@@ -74,6 +81,8 @@ __all__ = [
     "define_hook",
     "delivery_workflow_id",
     "delivery_workflow_prefix",
+    "failed_deliveries",
+    "failed_delivery_counts",
     "hook_migrations",
     "hook_queue_name",
     "persist_sessions",

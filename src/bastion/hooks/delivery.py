@@ -85,7 +85,6 @@ __all__ = [
     "delivery_workflow_id",
     "delivery_workflow_prefix",
     "hook_queue_name",
-    "queued_deliveries",
 ]
 
 logger = logging.getLogger("bastion.hooks")
@@ -397,15 +396,3 @@ class HookDelivery:
             running.cancel()
         self._running.clear()
         deactivate(self)
-
-
-async def queued_deliveries(pool: Pool) -> dict[str, int]:
-    """Deliveries enqueued or running (handed to DBOS, not finished), per hook."""
-    async with pool.connection() as conn:
-        cursor = await conn.execute(
-            "select split_part(workflow_uuid, ':', 2), count(*) from dbos.workflow_status"
-            " where starts_with(workflow_uuid, 'bastion.hook:') and status in ('ENQUEUED', 'PENDING')"
-            " group by 1"
-        )
-        rows = await cursor.fetchall()
-    return {name: count for name, count in rows}

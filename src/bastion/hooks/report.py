@@ -10,8 +10,8 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from bastion.hooks.delivery import Pool, queued_deliveries
-from bastion.hooks.outbox import PostgresHookOutbox
+from bastion.hooks.delivery_status import failed_deliveries, failed_delivery_counts, queued_deliveries
+from bastion.hooks.outbox import Pool, PostgresHookOutbox
 from bastion.hooks.retention import cancel_deliveries, prune_deliveries, prune_outbox
 
 __all__ = ["failures_report", "forget_hook", "parse_age", "prune_hooks", "replay_hook", "status_report"]
@@ -19,21 +19,23 @@ __all__ = ["failures_report", "forget_hook", "parse_age", "prune_hooks", "replay
 _AGE: Final = re.compile(r"([0-9]{1,6})([smhd])")
 _UNITS: Final = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
-_WIDTHS = (10, 6, 8, 7, 9, 8)
+_WIDTHS = (10, 6, 8, 7, 9, 8, 7)
 
 
 async def status_report(pool: Pool, *, now: datetime | None = None) -> list[str]:
     """One line per hook: events not yet handed to delivery (lag) and the age of the oldest, delivery
-    workflows queued or running (each a conversation's batch of events), events retrying and events
-    given up."""
+    workflows queued or running (each a batch of events, or a conversation's set aside), events
+    retrying, events given up, and deliveries that ended in an error (see `failures_report`)."""
     outbox = PostgresHookOutbox(pool)
     statuses = await outbox.status()
     if not statuses:
         return ["No hooks are registered."]
     queued = await queued_deliveries(pool)
+    failed = await failed_delivery_counts(pool)
     now = now or datetime.now(UTC)
     lines = [
         f"{'hook':<24} {'position':>10} {'lag':>6} {'oldest':>8} {'queued':>7} {'retrying':>9} {'gave up':>8}"
+        f" {'failed':>7}"
     ]
     for status in statuses:
         oldest = status.oldest_undispatched_at
@@ -45,6 +47,7 @@ async def status_report(pool: Pool, *, now: datetime | None = None) -> list[str]
             queued.get(status.hook, 0),
             status.retrying,
             status.given_up,
+            failed.get(status.hook, 0),
         )
         lines.append(
             f"{status.hook:<24} " + " ".join(f"{v:>{w}}" for v, w in zip(values, _WIDTHS, strict=True))
@@ -53,10 +56,18 @@ async def status_report(pool: Pool, *, now: datetime | None = None) -> list[str]
 
 
 async def failures_report(pool: Pool, hook: str | None = None, *, limit: int = 50) -> list[str]:
+    """The deliveries that ended in an error, each with the replay that delivers its events, then the
+    events whose hook failed on them (retrying, given up or delivered at last), latest first."""
+    ended = await failed_deliveries(pool, hook, limit=limit)
     failures = await PostgresHookOutbox(pool).failures(hook, limit=limit)
-    if not failures:
+    if not ended and not failures:
         return ["No failed deliveries."]
-    lines = []
+    lines = [
+        f"{delivery.hook} delivery {delivery.workflow_id} ended in an error"
+        f" ({delivery.status}) at {delivery.ended_at.isoformat(timespec='seconds')}: its events may not"
+        f" have been delivered; bastion hooks replay {delivery.hook} --from {delivery.first_event_id}"
+        for delivery in ended
+    ]
     for failure in failures:
         state = "delivered" if failure.delivered else "gave up" if failure.gave_up else "retrying"
         lines.append(

@@ -1,0 +1,74 @@
+"""A delivery that ends in an error (delivery's own code failing, not the hook) is shown to the operator
+with the replay that delivers its events, and that replay does."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bastion.hooks import HookDelivery, failed_deliveries
+from bastion.hooks._batches import Aside, Batch
+from bastion.stores import PostgresStore
+from tests.hooks_db import HooksDatabase
+from tests.test_hooks_delivery import (
+    bastion_hooks,
+    calls,
+    delivering,
+    effects,
+    hook_tables,
+    outbox_ids,
+    per_conversation,
+    simple_turns,
+    until,
+)
+
+__all__ = ["hook_tables"]  # the fixture, shared with the delivery tests
+
+
+async def test_a_delivery_that_ended_in_an_error_is_listed_with_the_replay_that_delivers_its_events(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    database = hook_tables
+    attempt = HookDelivery.attempt_batch
+    broke = [0]
+
+    async def broken_once(delivery: HookDelivery, hook: str, batch: Batch, generation: int) -> Aside:
+        if not broke[0]:
+            broke[0] += 1
+            raise RuntimeError("a bug in delivery")
+        return await attempt(delivery, hook, batch, generation)
+
+    monkeypatch.setattr(HookDelivery, "attempt_batch", broken_once)
+    await simple_turns(hooks_store, 1)  # written before delivery starts: one batch
+    expected = outbox_ids(database)
+    first = expected[0][0]
+    async with delivering(database, hooks_store, "recorder"):
+
+        async def ended() -> bool:
+            return bool(await failed_deliveries(hooks_store.pool, "recorder"))
+
+        await until(ended)
+        [failed] = await failed_deliveries(hooks_store.pool)
+        assert (failed.hook, failed.first_event_id, failed.status) == ("recorder", first, "ERROR")
+        assert effects(database, "recorder") == [] and calls(database, "recorder") == {}
+        code, listed, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path)
+        assert code == 0 and listed.splitlines()[0].split()[-1] == "failed"
+        [row] = listed.splitlines()[1:]
+        assert row.split()[0] == "recorder" and row.split()[-1] == "1"
+        code, shown, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path, "failures", "recorder")
+        assert code == 0
+        assert shown.strip() == (
+            f"recorder delivery {failed.workflow_id} ended in an error (ERROR) at"
+            f" {failed.ended_at.isoformat(timespec='seconds')}: its events may not have been delivered;"
+            f" bastion hooks replay recorder --from {first}"
+        )
+        # The replay it names delivers every event, once, in order.
+        code, _, _ = await asyncio.to_thread(
+            bastion_hooks, database, tmp_path, "replay", "recorder", "--from", str(first)
+        )
+        assert code == 0
+        await until(lambda: len(effects(database, "recorder")) == len(expected))
+    assert per_conversation(effects(database, "recorder")) == per_conversation(expected)
+    assert set(calls(database, "recorder").values()) == {1}
