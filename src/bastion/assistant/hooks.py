@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from bastion.hooks import Hook, HookEvent, HookRegistry, define_hook, persist_sessions
+from bastion.hooks import (
+    Hook,
+    HookEvent,
+    HookRegistry,
+    autocommit_connection,
+    define_hook,
+    persist_sessions,
+)
 from bastion.stores import PostgresStore
 
 __all__ = ["FINISHED_RUNS", "assistant_hooks", "usage_counter"]
@@ -49,9 +56,7 @@ def usage_counter(store: PostgresStore) -> Hook:
     a batch of runs in one statement, which reads the events from the outbox itself."""
 
     async def count_all(event_ids: Sequence[int]) -> None:
-        async with store.pool.connection() as conn:
-            if not conn.autocommit:
-                await conn.set_autocommit(True)
+        async with autocommit_connection(store.pool) as conn:
             await conn.execute(_COUNT, (list(event_ids),))
 
     async def count(event: HookEvent) -> None:

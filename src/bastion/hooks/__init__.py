@@ -7,6 +7,7 @@ outbox in Postgres, at least once and in order per conversation, each hook at it
 - `HookDelivery`: this process's dispatcher and the hooks' DBOS queues (on `bastion.durable`).
 - `persist_sessions`: the built-in hook copying conversations into the chat tables
   (`apply_chat_table_migrations`), with `chat_id_of` and `canonical_parts`.
+- `autocommit_connection`: a pooled connection whose statements commit, for handlers that write.
 - `PostgresHookOutbox`: positions, lag, failures and replay, for operators (`bastion hooks`);
   `HookEventPruned` (code `hook_event_pruned`) for a replay from a pruned event;
   `queued_deliveries` and `failed_deliveries`: delivery workflows unfinished, or ended in an error.
@@ -40,6 +41,7 @@ from bastion.hooks.outbox import (
     PostgresHookOutbox,
     apply_chat_table_migrations,
     apply_hooks_migrations,
+    autocommit_connection,
     hook_migrations,
 )
 from bastion.hooks.registry import (
@@ -75,6 +77,7 @@ __all__ = [
     "RetryPolicy",
     "apply_chat_table_migrations",
     "apply_hooks_migrations",
+    "autocommit_connection",
     "cancel_deliveries",
     "canonical_parts",
     "chat_id_of",

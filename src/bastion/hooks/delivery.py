@@ -55,12 +55,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Final, TypeAlias
+from typing import Final
 
 import psycopg
 from dbos import DBOS, SetWorkflowID
-from psycopg.rows import TupleRow
-from psycopg_pool import AsyncConnectionPool
 
 from bastion.durable import DurableEngine
 from bastion.hooks._batches import (
@@ -76,7 +74,7 @@ from bastion.hooks._batches import (
     hook_queue_name,
 )
 from bastion.hooks.events import HookEvent
-from bastion.hooks.outbox import PostgresHookOutbox
+from bastion.hooks.outbox import Connection, Pool, PostgresHookOutbox, autocommit_connection
 from bastion.hooks.registry import Hook, HookRegistry
 
 __all__ = [
@@ -88,9 +86,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("bastion.hooks")
-
-Pool: TypeAlias = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
-
 
 CHANNEL: Final = "bastion_hooks"
 _BEHIND_RETRY: Final = 0.02
@@ -223,7 +218,7 @@ class HookDelivery:
     def _wait_until(self, due: float) -> None:
         self._due = due if self._due is None else min(self._due, due)
 
-    async def _in_flight(self, conn: psycopg.AsyncConnection[TupleRow], hook: str) -> bool:
+    async def _in_flight(self, conn: Connection, hook: str) -> bool:
         cursor = await conn.execute(_IN_FLIGHT, (list(BATCH_WORKFLOWS), delivery_workflow_prefix(hook)))
         row = await cursor.fetchone()
         return bool(row and row[0])
@@ -361,9 +356,7 @@ class HookDelivery:
         while one does); returns whether that changed."""
         if self._wakeups_wanted is wanted:
             return False
-        async with self._pool.connection() as conn:
-            if not conn.autocommit:
-                await conn.set_autocommit(True)
+        async with autocommit_connection(self._pool) as conn:
             await conn.execute("update bastion.hook_wakeups set wanted = %s", (wanted,))
         self._wakeups_wanted = wanted
         return True

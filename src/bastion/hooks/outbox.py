@@ -31,6 +31,7 @@ __all__ = [
     "PostgresHookOutbox",
     "apply_chat_table_migrations",
     "apply_hooks_migrations",
+    "autocommit_connection",
     "hook_migrations",
 ]
 
@@ -156,6 +157,16 @@ class ForgottenHook:
     holds: int
 
 
+@asynccontextmanager
+async def autocommit_connection(pool: Pool) -> AsyncIterator[Connection]:
+    """A connection of `pool` on which each statement outside `conn.transaction()` commits by itself: a
+    store's pool may hand out connections that open a transaction its return to the pool rolls back."""
+    async with pool.connection() as conn:
+        if not conn.autocommit:
+            await conn.set_autocommit(True)
+        yield conn
+
+
 def hook_migrations() -> list[Migration]:
     return _migrations("migrations")
 
@@ -184,11 +195,8 @@ class PostgresHookOutbox:
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Connection]:
-        async with self._pool.connection() as conn:
-            if not conn.autocommit:
-                await conn.set_autocommit(True)
-            async with conn.transaction():
-                yield conn
+        async with autocommit_connection(self._pool) as conn, conn.transaction():
+            yield conn
 
     async def register(self, hooks: Iterable[Hook]) -> None:
         """Record each hook and its event types; a new hook starts where its `start` says."""

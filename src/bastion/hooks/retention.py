@@ -25,7 +25,7 @@ from dbos import DBOSClient
 
 from bastion.durable import DURABLE_SCHEMA, system_database_url
 from bastion.hooks._batches import delivery_workflow_prefix
-from bastion.hooks.delivery import Pool
+from bastion.hooks.outbox import Pool, autocommit_connection
 
 __all__ = ["Pruned", "cancel_deliveries", "prune_deliveries", "prune_outbox"]
 
@@ -83,13 +83,10 @@ async def prune_outbox(pool: Pool, older_than: timedelta) -> Pruned:
     hook to come may start from the oldest event)."""
     if older_than < timedelta(0):
         raise ValueError("older_than must not be negative.")
-    async with pool.connection() as conn:
-        if not conn.autocommit:
-            await conn.set_autocommit(True)
-        async with conn.transaction():
-            await conn.execute("select 1 from bastion.hook_subscriptions for share")
-            cursor = await conn.execute(_PRUNE, {"age": older_than})
-            row = await cursor.fetchone()
+    async with autocommit_connection(pool) as conn, conn.transaction():
+        await conn.execute("select 1 from bastion.hook_subscriptions for share")
+        cursor = await conn.execute(_PRUNE, {"age": older_than})
+        row = await cursor.fetchone()
     return Pruned(events=int(row[0]), failures=int(row[1])) if row else Pruned(0, 0)
 
 

@@ -28,18 +28,14 @@ the events applied one by one store.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final, TypeAlias
-
-import psycopg
-from psycopg.rows import TupleRow
-from psycopg_pool import AsyncConnectionPool
+from typing import Final
 
 from bastion.hooks.events import HookEvent
+from bastion.hooks.outbox import Pool, autocommit_connection
 from bastion.hooks.registry import Hook, RetryPolicy, define_hook
 
 __all__ = ["PERSIST_SESSIONS_EVENTS", "persist_sessions"]
 
-Pool: TypeAlias = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
 PERSIST_SESSIONS_EVENTS: Final = frozenset(
     {
@@ -74,9 +70,7 @@ def persist_sessions(
     async def write(event_ids: Sequence[int]) -> None:
         if not event_ids:
             return
-        async with pool.connection() as conn:
-            if not conn.autocommit:
-                await conn.set_autocommit(True)
+        async with autocommit_connection(pool) as conn:
             await conn.execute(_WRITE, (list(event_ids), agent_id, title))
 
     async def handle(event: HookEvent) -> None:
