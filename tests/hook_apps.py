@@ -6,6 +6,7 @@ in `public.hook_effects` (keyed by the event id, as a real hook keys its writes)
   recording the effect of such an event and before returning, as a worker about to die would.
 - `flaky` fails its first three calls of every event.
 - `broken` always fails, and waits long between attempts.
+- `garbled` fails its first call of every event with a message Postgres cannot store as it is.
 - `picky` fails every event of a conversation named in `public.hook_refused`, retrying often.
 - `batcher` takes whole batches (`handle_batch`, each recorded in `public.hook_batches`), failing
   one with an event of a refused conversation; event by event it is `picky`.
@@ -88,6 +89,13 @@ async def flaky(event: HookEvent) -> None:
         await _effect(conn, "flaky", event)
 
 
+async def garbled(event: HookEvent) -> None:
+    async with await psycopg.AsyncConnection.connect(_dsn(), autocommit=True) as conn:
+        if await _call(conn, "garbled", event) == 1:
+            raise ValueError("a NUL \x00 and a lone surrogate \ud800 " + "x" * 2000)
+        await _effect(conn, "garbled", event)
+
+
 async def broken(event: HookEvent) -> None:
     async with await psycopg.AsyncConnection.connect(_dsn(), autocommit=True) as conn:
         await _call(conn, "broken", event)
@@ -153,6 +161,7 @@ PATIENT: RetryPolicy = RetryPolicy(max_attempts=100, first_delay=0.05, backoff_r
 HOOKS: dict[str, Hook] = {
     "recorder": define_hook("recorder", events=EVENT_TYPES, handle=recorder, retry=FAST, start="earliest"),
     "flaky": define_hook("flaky", events=EVENT_TYPES, handle=flaky, retry=FAST, start="earliest"),
+    "garbled": define_hook("garbled", events=EVENT_TYPES, handle=garbled, retry=FAST, start="earliest"),
     "broken": define_hook(
         "broken",
         events=EVENT_TYPES,

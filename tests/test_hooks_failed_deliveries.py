@@ -1,5 +1,6 @@
 """A delivery that ends in an error (delivery's own code failing, not the hook) is shown to the operator
-with the replay that delivers its events, and that replay does."""
+with the replay that delivers its events, and that replay does; a hook's error message Postgres could
+not store as it is does not end its delivery."""
 
 from __future__ import annotations
 
@@ -72,3 +73,19 @@ async def test_a_delivery_that_ended_in_an_error_is_listed_with_the_replay_that_
         await until(lambda: len(effects(database, "recorder")) == len(expected))
     assert per_conversation(effects(database, "recorder")) == per_conversation(expected)
     assert set(calls(database, "recorder").values()) == {1}
+
+
+async def test_a_hook_error_postgres_cannot_store_as_it_is_is_recorded_and_the_event_retried(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore
+) -> None:
+    database = hook_tables
+    await simple_turns(hooks_store, 1)
+    expected = outbox_ids(database)
+    async with delivering(database, hooks_store, "garbled") as delivery:
+        await until(lambda: len(effects(database, "garbled")) == len(expected))
+        failures = await delivery.outbox.failures("garbled")
+    assert await failed_deliveries(hooks_store.pool) == []
+    assert set(calls(database, "garbled").values()) == {2}
+    assert len(failures) == len(expected) and all(f.delivered and f.attempts == 1 for f in failures)
+    error = failures[0].error
+    assert error.startswith("ValueError: a NUL \\0 and a lone surrogate ? xxx") and len(error) == 1000

@@ -192,3 +192,22 @@ async def test_the_outbox_notifies_only_while_a_dispatcher_waits_for_wakeups(
             assert await _notifications_before_a_sentinel(listener, "wanted") >= 1
         finally:
             hooks_database.execute("update bastion.hook_wakeups set wanted = true")
+
+
+async def test_autocommit_connection_commits_each_statement_and_gives_a_pool_its_mode_back(
+    hooks_database: HooksDatabase,
+) -> None:
+    from psycopg_pool import AsyncConnectionPool
+
+    from bastion.hooks import autocommit_connection
+
+    hooks_database.execute("create table public.autocommitted (n int)")
+    hooks_database.execute("grant select, insert on public.autocommitted to bastion_app")
+    async with AsyncConnectionPool(hooks_database.app_dsn, min_size=1, max_size=1, open=False) as pool:
+        async with autocommit_connection(pool) as conn:
+            assert conn.autocommit
+            await conn.execute("insert into public.autocommitted values (1)")
+            # Committed already: another session sees it while this connection is still held.
+            assert hooks_database.rows("select n from public.autocommitted") == [(1,)]
+        async with pool.connection() as conn:
+            assert not conn.autocommit  # the application's pool keeps its own mode

@@ -310,7 +310,7 @@ class HookDelivery:
         try:
             await asyncio.wait_for(hook.handle(event), hook.timeout)
         except Exception as error:
-            text = f"{type(error).__name__}: {error}"
+            text = f"{type(error).__name__}: {_message_of(error)}"
             gave_up = tries >= hook.retry.max_attempts
             logger.warning(
                 "Hook %s failed on event %s (attempt %s%s).",
@@ -389,3 +389,11 @@ class HookDelivery:
             running.cancel()
         self._running.clear()
         deactivate(self)
+
+
+def _message_of(error: Exception) -> str:
+    """The error's message; a message that cannot be read is not the hook's failure to deliver."""
+    try:
+        return str(error)
+    except Exception:
+        return "(its message could not be read)"

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, ClassVar, Final, TypeAlias
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -159,12 +160,18 @@ class ForgottenHook:
 
 @asynccontextmanager
 async def autocommit_connection(pool: Pool) -> AsyncIterator[Connection]:
-    """A connection of `pool` on which each statement outside `conn.transaction()` commits by itself: a
-    store's pool may hand out connections that open a transaction its return to the pool rolls back."""
+    """A connection of `pool` in autocommit mode, as a store's pool makes them: each statement outside
+    `conn.transaction()` commits by itself, with no round trips to open and close an implicit
+    transaction. A connection of another pool gets its mode back when the block ends."""
     async with pool.connection() as conn:
-        if not conn.autocommit:
+        switched = not conn.autocommit
+        if switched:
             await conn.set_autocommit(True)
-        yield conn
+        try:
+            yield conn
+        finally:
+            if switched and not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
+                await conn.set_autocommit(False)
 
 
 def hook_migrations() -> list[Migration]:
@@ -299,7 +306,7 @@ class PostgresHookOutbox:
                        error = excluded.error, last_failed_at = now(),
                        gave_up_at = coalesce(bastion.hook_failures.gave_up_at, excluded.gave_up_at)
                 """,
-                (hook, event.id, generation, event.conversation_id, attempt, error[:1000], gave_up),
+                (hook, event.id, generation, event.conversation_id, attempt, _storable(error), gave_up),
             )
 
     async def record_delivered(self, hook: str, event_id: int, generation: int) -> None:
@@ -415,6 +422,12 @@ class PostgresHookOutbox:
             row = await cursor.fetchone()
             assert row is not None
             return int(row[0])
+
+
+def _storable(error: str) -> str:
+    """An error as Postgres text can hold it: no NUL, no lone surrogate, at most 1 000 characters (a
+    hook's message that could not be stored would fail its whole batch, not just the attempt)."""
+    return error.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")[:1000]
 
 
 def _event(row: Sequence[Any]) -> HookEvent:
