@@ -20,7 +20,6 @@ from tests.test_hooks_delivery import (
     effects,
     hook_tables,
     outbox_ids,
-    per_conversation,
     simple_turns,
     until,
 )
@@ -65,14 +64,28 @@ async def test_a_delivery_that_ended_in_an_error_is_listed_with_the_replay_that_
             f" {failed.ended_at.isoformat(timespec='seconds')}: its events may not have been delivered;"
             f" bastion hooks replay recorder --from {first}"
         )
-        # The replay it names delivers every event, once, in order.
+        # A replay from a later event leaves the delivery's first events undelivered: it stays.
+        last = expected[-1][0]
+        code, _, _ = await asyncio.to_thread(
+            bastion_hooks, database, tmp_path, "replay", "recorder", "--from", str(last)
+        )
+        assert code == 0
+        await until(lambda: calls(database, "recorder") == {last: 1})
+        assert await failed_deliveries(hooks_store.pool) == [failed]
+        # The replay it names delivers every event in order, and settles it.
         code, _, _ = await asyncio.to_thread(
             bastion_hooks, database, tmp_path, "replay", "recorder", "--from", str(first)
         )
         assert code == 0
         await until(lambda: len(effects(database, "recorder")) == len(expected))
-    assert per_conversation(effects(database, "recorder")) == per_conversation(expected)
-    assert set(calls(database, "recorder").values()) == {1}
+        await until(lambda: calls(database, "recorder").get(last) == 2)
+        assert await failed_deliveries(hooks_store.pool) == []
+        code, listed, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path)
+        assert code == 0 and listed.splitlines()[1].split()[-1] == "0"
+    # The later replay's call, then the whole replay's, in order.
+    called = database.rows("select event_id from public.hook_calls where hook = 'recorder' order by at")
+    assert [event_id for (event_id,) in called] == [last] + [event_id for event_id, _, _ in expected]
+    assert sorted(effects(database, "recorder")) == expected
 
 
 async def test_a_hook_error_postgres_cannot_store_as_it_is_is_recorded_and_the_event_retried(

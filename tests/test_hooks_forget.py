@@ -17,6 +17,7 @@ from bastion.hooks import (
     queued_deliveries,
 )
 from bastion.stores import PostgresStore
+from tests import hook_apps
 from tests.hooks_db import HooksDatabase
 from tests.test_hooks_delivery import (
     bastion_hooks,
@@ -38,6 +39,14 @@ def unfinished_of(database: HooksDatabase, hook: str) -> int:
     [(count,)] = database.rows(
         "select count(*) from dbos.workflow_status"
         " where starts_with(workflow_uuid, %s) and status in ('ENQUEUED', 'PENDING')",
+        delivery_workflow_prefix(hook),
+    )
+    return int(count)
+
+
+def workflows_of(database: HooksDatabase, hook: str) -> int:
+    [(count,)] = database.rows(
+        "select count(*) from dbos.workflow_status where starts_with(workflow_uuid, %s)",
         delivery_workflow_prefix(hook),
     )
     return int(count)
@@ -66,8 +75,8 @@ async def test_a_forgotten_hook_no_longer_holds_retention_back(
         await until(recorder_done)
     # The application stops registering `broken`: its delivery, still retrying the first event,
     # keeps every event in the outbox.
-    waiting = unfinished(database)
-    assert waiting >= 1
+    waiting, every = unfinished(database), workflows_of(database, "broken")
+    assert every >= waiting >= 1
     assert (await prune_outbox(hooks_store.pool, timedelta(0))).events == 0
     holds = held(database, "broken")
 
@@ -77,13 +86,14 @@ async def test_a_forgotten_hook_no_longer_holds_retention_back(
     assert database.rows("select 1 from bastion.hook_failures") == []
     assert held(database, "broken") == 0
     assert await outbox.forget("broken") is None
-    # Run again, the command cancels what is left.
+    # Run again, the command cancels and deletes what is left.
     code, forgot, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path, "forget", "broken")
     assert code == 0
     assert forgot.strip() == (
-        f"Forgot broken: it had no subscription left; cancelled {waiting} unfinished delivery workflow(s)."
+        f"Forgot broken: it had no subscription left; deleted {every} delivery workflow(s), of which"
+        f" {waiting} unfinished were cancelled."
     )
-    assert unfinished(database) == 0
+    assert unfinished(database) == 0 and workflows_of(database, "broken") == 0
     code, listed, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path)
     assert code == 0 and [line.split()[0] for line in listed.splitlines()[1:]] == ["recorder"]
     # Now every event the remaining hook has passed goes.
@@ -114,6 +124,22 @@ async def test_forgetting_a_hook_while_delivery_runs_stops_it_and_spares_the_oth
         assert database.rows("select hook from bastion.hook_subscriptions") == [("recorder",)]
 
 
+async def test_a_hook_subscribed_again_under_a_forgotten_name_delivers_its_events_afresh(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore, tmp_path: Path
+) -> None:
+    database = hook_tables
+    await simple_turns(hooks_store, 1)
+    first = outbox_ids(database)[0][0]
+    async with delivering(database, hooks_store, "broken"):
+        await until(lambda: calls(database, "broken").get(first) == 1)
+    code, _, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path, "forget", "broken")
+    assert code == 0
+    # Subscribed again from the oldest event: the same batch as before, which must not be taken
+    # for the forgotten subscription's delivery of it.
+    async with delivering(database, hooks_store, "broken"):
+        await until(lambda: calls(database, "broken").get(first) == 2)
+
+
 def test_a_forget_without_a_hook_is_refused_before_connecting(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -121,3 +147,19 @@ def test_a_forget_without_a_hook_is_refused_before_connecting(
 
     assert main(["hooks", "forget", "--data-dir", str(tmp_path)]) == 2
     assert "forget needs the hook's name" in capsys.readouterr().err
+
+
+async def test_the_hooks_command_names_an_unknown_hook_and_a_database_refusal_without_a_traceback(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore, tmp_path: Path
+) -> None:
+    database = hook_tables
+    await PostgresHookOutbox(hooks_store.pool).register(hook_apps.registry("recorder"))
+    code, shown, refused = await asyncio.to_thread(bastion_hooks, database, tmp_path, "failures", "typo")
+    assert (code, shown) == (2, "") and "There is no hook named 'typo'." in refused
+    database.execute("revoke all on bastion.hook_subscriptions from bastion_runtime")
+    code, shown, refused = await asyncio.to_thread(bastion_hooks, database, tmp_path)
+    assert (code, shown) == (1, "")
+    assert refused.strip() == (
+        "bastion: hooks list could not finish; the database said InsufficientPrivilege:"
+        " permission denied for table hook_subscriptions"
+    )

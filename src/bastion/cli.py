@@ -1,5 +1,5 @@
 """The `bastion` command: `serve` the reference assistant, `migrate` its database, print a `token`, and
-show, replay or prune its event `hooks`."""
+show, replay, prune or forget its event `hooks`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ from bastion import MissingExtraError, __version__
 from bastion.request_log import configure_logging
 
 if TYPE_CHECKING:
+    from datetime import timedelta
+
     from bastion.assistant.config import AssistantConfig
+    from bastion.hooks.outbox import Pool
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,18 +122,13 @@ async def _migrate(config: AssistantConfig, *, grant_app_role: bool) -> int:
 async def _hooks(
     config: AssistantConfig, action: str, hook: str | None, from_event: int | None, older_than: str | None
 ) -> int:
+    import psycopg
     from psycopg_pool import AsyncConnectionPool
+    from sqlalchemy.exc import SQLAlchemyError  # DBOS's client's; with the hooks' extra
 
     from bastion.assistant.database import open_database
     from bastion.hooks import HookEventPruned
-    from bastion.hooks.report import (
-        failures_report,
-        forget_hook,
-        parse_age,
-        prune_hooks,
-        replay_hook,
-        status_report,
-    )
+    from bastion.hooks.report import parse_age
 
     if action == "replay" and (hook is None or from_event is None):
         _progress("replay needs a hook and --from EVENT_ID, e.g. bastion hooks replay usage --from 120")
@@ -152,31 +150,41 @@ async def _hooks(
         async with AsyncConnectionPool(
             database.app_conninfo, min_size=1, max_size=2, kwargs={"autocommit": True}, open=False
         ) as pool:
-            if action == "list":
-                lines = await status_report(pool)
-            elif action == "failures":
-                lines = await failures_report(pool, hook)
-            elif action == "prune":
-                assert age is not None
-                lines = [await prune_hooks(pool, database.app_conninfo, age)]
-            else:
-                assert hook is not None
-                try:
-                    if action == "forget":
-                        lines = [await forget_hook(pool, database.app_conninfo, hook)]
-                    else:
-                        assert from_event is not None
-                        lines = [await replay_hook(pool, hook, from_event)]
-                except HookEventPruned as error:
-                    _progress(f"{error.code}: {error}")
-                    return 2
-                except LookupError as error:
-                    _progress(str(error))
-                    return 2
+            lines = await _hooks_report(pool, database.app_conninfo, action, hook, from_event, age)
+    except HookEventPruned as error:
+        _progress(f"{error.code}: {error}")
+        return 2
+    except LookupError as error:
+        _progress(str(error))
+        return 2
+    except (psycopg.Error, SQLAlchemyError) as error:
+        # The operator's own database: its message is theirs to read (its first line, no traceback).
+        said = (str(error).strip().splitlines() or [""])[0]
+        _progress(f"hooks {action} could not finish; the database said {type(error).__name__}: {said}")
+        return 1
     finally:
         database.close()
     print("\n".join(lines))
     return 0
+
+
+async def _hooks_report(
+    pool: Pool, conninfo: str, action: str, hook: str | None, from_event: int | None, age: timedelta | None
+) -> list[str]:
+    from bastion.hooks.report import failures_report, forget_hook, prune_hooks, replay_hook, status_report
+
+    if action == "list":
+        return await status_report(pool)
+    if action == "failures":
+        return await failures_report(pool, hook)
+    if action == "prune":
+        assert age is not None
+        return [await prune_hooks(pool, conninfo, age)]
+    assert hook is not None
+    if action == "forget":
+        return [await forget_hook(pool, conninfo, hook)]
+    assert from_event is not None
+    return [await replay_hook(pool, hook, from_event)]
 
 
 def _token(config: AssistantConfig, user: str) -> int:

@@ -12,7 +12,7 @@ outbox in Postgres, at least once and in order per conversation, each hook at it
   `HookEventPruned` (code `hook_event_pruned`) for a replay from a pruned event;
   `queued_deliveries` and `failed_deliveries`: delivery workflows unfinished, or ended in an error.
 - `prune_outbox`, `prune_deliveries`: retention of what every hook has passed (`bastion hooks prune`);
-  `PostgresHookOutbox.forget` and `cancel_deliveries` retire a hook no longer registered
+  `PostgresHookOutbox.forget` and `forget_deliveries` retire a hook no longer registered
   (`bastion hooks forget`), whose position would otherwise hold retention back.
 
 Needs Postgres and the `durable` extra.
@@ -53,7 +53,13 @@ from bastion.hooks.registry import (
     RetryPolicy,
     define_hook,
 )
-from bastion.hooks.retention import Pruned, cancel_deliveries, prune_deliveries, prune_outbox
+from bastion.hooks.retention import (
+    ForgottenDeliveries,
+    Pruned,
+    forget_deliveries,
+    prune_deliveries,
+    prune_outbox,
+)
 from bastion.hooks.sessions import PERSIST_SESSIONS_EVENTS, persist_sessions
 
 __all__ = [
@@ -63,6 +69,7 @@ __all__ = [
     "EventIdsHandler",
     "EventWindow",
     "FailedDelivery",
+    "ForgottenDeliveries",
     "ForgottenHook",
     "Hook",
     "HookDelivery",
@@ -78,7 +85,6 @@ __all__ = [
     "apply_chat_table_migrations",
     "apply_hooks_migrations",
     "autocommit_connection",
-    "cancel_deliveries",
     "canonical_parts",
     "chat_id_of",
     "define_hook",
@@ -86,6 +92,7 @@ __all__ = [
     "delivery_workflow_prefix",
     "failed_deliveries",
     "failed_delivery_counts",
+    "forget_deliveries",
     "hook_migrations",
     "hook_queue_name",
     "persist_sessions",

@@ -4,7 +4,7 @@ and those that ended in an error.
 A delivery ends in an error only when delivery's own code fails (not the hook: its failures are
 retried and recorded as `HookFailure`s), or when DBOS gave up recovering it. Its events after the
 first it carried may not have reached the hook, and nothing retries them: the operator replays the
-hook from that event (`bastion hooks replay HOOK --from EVENT_ID`).
+hook from that event (`bastion hooks replay HOOK --from EVENT_ID`), which settles it.
 """
 
 from __future__ import annotations
@@ -19,24 +19,39 @@ __all__ = ["FailedDelivery", "failed_deliveries", "failed_delivery_counts", "que
 
 _UNFINISHED: Final = ("ENQUEUED", "PENDING")
 _ENDED_IN_ERROR: Final = ("ERROR", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
+_COUNTED: Final = 10_000  # a count past this many is an outage for an operator to look into anyway
 
-# A delivery's workflow id names its hook and the first event it carried (lanes share their batch's).
+# A delivery's workflow id names its hook, the first event it carried and its generation (lanes share
+# their batch's). It is settled by a replay of a later generation from a position before that event;
+# one whose first event was pruned is not (it was never delivered). A hook no longer subscribed has none.
 _FAILED: Final = """
-select split_part(w.workflow_uuid, ':', 2), w.workflow_uuid,
-       substring(w.workflow_uuid from '^bastion[.]hook:[^:]+:([0-9]{19})-')::bigint, w.status,
-       to_timestamp(w.updated_at / 1000.0)
-  from dbos.workflow_status w
- where starts_with(w.workflow_uuid, 'bastion.hook:')
-   and w.status = any(%(statuses)s)
-   and (%(hook)s::text is null or split_part(w.workflow_uuid, ':', 2) = %(hook)s)
- order by w.updated_at desc
+with ended as (
+  select split_part(w.workflow_uuid, ':', 2) as hook, w.workflow_uuid,
+         substring(w.workflow_uuid from '^bastion[.]hook:[^:]+:([0-9]{19})-')::bigint as first_id,
+         coalesce(substring(w.workflow_uuid from ':r([0-9]+)(:|$)')::integer, 0) as generation,
+         w.status, w.updated_at
+    from dbos.workflow_status w
+   where starts_with(w.workflow_uuid, 'bastion.hook:') and w.status = any(%(statuses)s)
+)
+select d.hook, d.workflow_uuid, d.first_id, d.status, to_timestamp(d.updated_at / 1000.0)
+  from ended d
+  join bastion.hook_subscriptions s on s.hook = d.hook
+  left join bastion.hook_events e on e.id = d.first_id
+ where (%(hook)s::text is null or d.hook = %(hook)s)
+   and not exists (
+     select 1 from bastion.hook_replays r
+      where r.hook = d.hook and r.generation > d.generation
+        and (r.position_tx, r.position_id) < (e.tx, e.id)
+   )
+ order by d.updated_at desc
  limit %(limit)s
 """
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FailedDelivery:
-    """A delivery workflow that ended without delivering: replay `hook` from `first_event_id`."""
+    """A delivery workflow that ended without delivering: replay `hook` from `first_event_id`, which
+    settles it."""
 
     hook: str
     workflow_id: str
@@ -51,12 +66,16 @@ async def queued_deliveries(pool: Pool) -> dict[str, int]:
 
 
 async def failed_delivery_counts(pool: Pool) -> dict[str, int]:
-    """Deliveries that ended in an error, per hook."""
-    return await _per_hook(pool, _ENDED_IN_ERROR)
+    """Deliveries that ended in an error and no replay has settled, per hook."""
+    counts: dict[str, int] = {}
+    for delivery in await failed_deliveries(pool, limit=_COUNTED):
+        counts[delivery.hook] = counts.get(delivery.hook, 0) + 1
+    return counts
 
 
 async def failed_deliveries(pool: Pool, hook: str | None = None, *, limit: int = 100) -> list[FailedDelivery]:
-    """The deliveries (of `hook`, or of every hook) that ended in an error, latest first."""
+    """The deliveries (of `hook`, or of every subscribed hook) that ended in an error and that no replay
+    has settled since, latest first."""
     async with pool.connection() as conn:
         params = {"hook": hook, "limit": limit, "statuses": list(_ENDED_IN_ERROR)}
         cursor = await conn.execute(_FAILED, params)

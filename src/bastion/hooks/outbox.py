@@ -347,6 +347,12 @@ class PostgresHookOutbox:
             for r in rows
         ]
 
+    async def hooks(self) -> list[str]:
+        """The names of the subscribed hooks."""
+        async with self._pool.connection() as conn:
+            cursor = await conn.execute("select hook from bastion.hook_subscriptions order by hook")
+            return [name for (name,) in await cursor.fetchall()]
+
     async def status(self) -> list[HookStatus]:
         """Every registered hook's position, lag and failures."""
         async with self._pool.connection() as conn:
@@ -391,8 +397,8 @@ class PostgresHookOutbox:
 
     async def replay(self, hook: str, from_event_id: int) -> int:
         """Deliver `hook` again from event `from_event_id` on (in delivery order), as a new generation so
-        every event is delivered afresh; returns that generation. Unknown hook or event: LookupError;
-        an event retention pruned: `HookEventPruned`."""
+        every event is delivered afresh (recorded in `hook_replays`); returns that generation. Unknown
+        hook or event: LookupError; an event retention pruned: `HookEventPruned`."""
         async with self._transaction() as conn:
             # The position first, so a concurrent `prune` either sees the replay or runs before it.
             cursor = await conn.execute(
@@ -411,10 +417,15 @@ class PostgresHookOutbox:
                 raise LookupError(f"There is no event {from_event_id} in the outbox.")
             cursor = await conn.execute(
                 """
-                update bastion.hook_subscriptions
-                   set position_tx = %s::xid8, position_id = %s, generation = generation + 1,
-                       updated_at = now()
-                 where hook = %s
+                with replayed as (
+                  update bastion.hook_subscriptions
+                     set position_tx = %s::xid8, position_id = %s, generation = generation + 1,
+                         updated_at = now()
+                   where hook = %s
+                  returning hook, generation, position_tx, position_id
+                )
+                insert into bastion.hook_replays (hook, generation, position_tx, position_id)
+                select hook, generation, position_tx, position_id from replayed
                 returning generation
                 """,
                 (event[0], from_event_id - 1, hook),

@@ -12,7 +12,7 @@ from typing import Final
 
 from bastion.hooks.delivery_status import failed_deliveries, failed_delivery_counts, queued_deliveries
 from bastion.hooks.outbox import Pool, PostgresHookOutbox
-from bastion.hooks.retention import cancel_deliveries, prune_deliveries, prune_outbox
+from bastion.hooks.retention import forget_deliveries, prune_deliveries, prune_outbox
 
 __all__ = ["failures_report", "forget_hook", "parse_age", "prune_hooks", "replay_hook", "status_report"]
 
@@ -57,9 +57,13 @@ async def status_report(pool: Pool, *, now: datetime | None = None) -> list[str]
 
 async def failures_report(pool: Pool, hook: str | None = None, *, limit: int = 50) -> list[str]:
     """The deliveries that ended in an error, each with the replay that delivers its events, then the
-    events whose hook failed on them (retrying, given up or delivered at last), latest first."""
+    events whose hook failed on them (retrying, given up or delivered at last), latest first. An
+    unknown hook: LookupError."""
+    outbox = PostgresHookOutbox(pool)
+    if hook is not None and hook not in await outbox.hooks():
+        raise LookupError(f"There is no hook named {hook!r}.")
     ended = await failed_deliveries(pool, hook, limit=limit)
-    failures = await PostgresHookOutbox(pool).failures(hook, limit=limit)
+    failures = await outbox.failures(hook, limit=limit)
     if not ended and not failures:
         return ["No failed deliveries."]
     lines = [
@@ -95,8 +99,7 @@ async def prune_hooks(pool: Pool, conninfo: str, older_than: timedelta) -> str:
     """Delete outbox events older than `older_than` that every hook has passed, their failure records,
     and the hooks' delivery workflows that finished that long ago."""
     pruned = await prune_outbox(pool, older_than)
-    hooks = [status.hook for status in await PostgresHookOutbox(pool).status()]
-    workflows = await prune_deliveries(conninfo, hooks, older_than)
+    workflows = await prune_deliveries(conninfo, await PostgresHookOutbox(pool).hooks(), older_than)
     return (
         f"Pruned {pruned.events} event(s) every hook has passed, {pruned.failures} failure record(s)"
         f" and {workflows} finished delivery workflow(s), all older than {older_than}."
@@ -104,15 +107,19 @@ async def prune_hooks(pool: Pool, conninfo: str, older_than: timedelta) -> str:
 
 
 async def forget_hook(pool: Pool, conninfo: str, hook: str) -> str:
-    """Delete a retired hook's subscription, failures and holds, and cancel its unfinished deliveries.
-    Run again after an interruption, it cancels what is left; LookupError when nothing of it is left."""
+    """Delete a retired hook's subscription, failures and holds, and its deliveries (cancelling the
+    unfinished). Run again after an interruption, it deletes what is left; LookupError when nothing of
+    it is left."""
     forgotten = await PostgresHookOutbox(pool).forget(hook)
-    cancelled = await cancel_deliveries(conninfo, hook)
-    if forgotten is None and cancelled == 0:
+    deliveries = await forget_deliveries(conninfo, hook)
+    if forgotten is None and deliveries.deleted == 0:
         raise LookupError(f"There is no hook named {hook!r}.")
     position = (
         "it had no subscription left"
         if forgotten is None
         else f"deleted its position, {forgotten.failures} failure record(s) and {forgotten.holds} hold(s)"
     )
-    return f"Forgot {hook}: {position}; cancelled {cancelled} unfinished delivery workflow(s)."
+    return (
+        f"Forgot {hook}: {position}; deleted {deliveries.deleted} delivery workflow(s), of which"
+        f" {deliveries.cancelled} unfinished were cancelled."
+    )

@@ -9,7 +9,7 @@ one statement it takes.
 
 A hook the application no longer registers would hold every later event back for ever, with the
 deliveries of it still enqueued (no process serves its queue); `PostgresHookOutbox.forget` deletes its
-subscription and `cancel_deliveries` its unfinished deliveries (`bastion hooks forget`).
+subscription and `forget_deliveries` its deliveries, cancelling the unfinished (`bastion hooks forget`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from bastion.durable import DURABLE_SCHEMA, system_database_url
 from bastion.hooks._batches import delivery_workflow_prefix
 from bastion.hooks.outbox import Pool, autocommit_connection
 
-__all__ = ["Pruned", "cancel_deliveries", "prune_deliveries", "prune_outbox"]
+__all__ = ["ForgottenDeliveries", "Pruned", "forget_deliveries", "prune_deliveries", "prune_outbox"]
 
 # Events every hook has passed (at or before every position), that no unfinished delivery still
 # carries (before the first event of each, named in its workflow id: a batch's events all follow its
@@ -67,6 +67,15 @@ marked as (
 )
 select (select count(*) from pruned), (select count(*) from failures)
 """
+
+
+@dataclass(frozen=True, slots=True)
+class ForgottenDeliveries:
+    """What `forget_deliveries` did to a hook's delivery workflows: cancelled the unfinished ones, then
+    deleted every one (those cancelled included)."""
+
+    cancelled: int
+    deleted: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,20 +119,25 @@ async def prune_deliveries(conninfo: str, hooks: list[str], older_than: timedelt
     return len(ids)
 
 
-async def cancel_deliveries(conninfo: str, hook: str) -> int:
+async def forget_deliveries(conninfo: str, hook: str) -> ForgottenDeliveries:
     """Cancel `hook`'s delivery workflows still enqueued or running (batches and their lanes), so none
-    holds retention back or runs again when recovered; returns how many."""
+    holds retention back or runs again when recovered, then delete all of them from DBOS: a hook
+    subscribed again under the name starts its generations afresh, and must reuse no workflow id."""
+    prefix = delivery_workflow_prefix(hook)
     async with _client(conninfo) as client:
         unfinished = await client.list_workflows_async(
-            workflow_id_prefix=delivery_workflow_prefix(hook),
-            status=["ENQUEUED", "PENDING"],
-            load_input=False,
-            load_output=False,
+            workflow_id_prefix=prefix, status=["ENQUEUED", "PENDING"], load_input=False, load_output=False
         )
-        ids = [workflow.workflow_id for workflow in unfinished]
-        if ids:
-            await client.cancel_workflows_async(ids)
-    return len(ids)
+        cancelled = [workflow.workflow_id for workflow in unfinished]
+        if cancelled:
+            await client.cancel_workflows_async(cancelled)
+        every = await client.list_workflows_async(
+            workflow_id_prefix=prefix, load_input=False, load_output=False
+        )
+        deleted = [workflow.workflow_id for workflow in every]
+        if deleted:
+            await client.delete_workflows_async(deleted)
+    return ForgottenDeliveries(cancelled=len(cancelled), deleted=len(deleted))
 
 
 @asynccontextmanager
