@@ -1,0 +1,310 @@
+"""The parts of DBOS bastion relies on, pinned so that an upgrade changing them fails here, by name.
+
+bastion pins DBOS to a minor release (`dbos>=3.4.0,<3.5`): it calls one internal function
+(`DBOS._recover_pending_workflows`), reads one internal flag (`_launched` on the global instance),
+reads DBOS's system tables in its own SQL and calls DBOS's enqueue function from SQL. Upgrade DBOS on
+purpose: raise the pin, run this file, and where a test fails, change the code it names.
+
+Each call bastion makes is checked by binding the same arguments to DBOS's signature (a renamed or
+removed keyword fails with the call's name); the tables, statuses and SQL function are checked against
+a schema DBOS itself migrated; one round trip shows the client finds, by the filters bastion passes, a
+workflow that finished, and deletes it.
+
+The recovery call's behaviour (a dead executor's PENDING workflow handed back and finished by a live
+process) is proven end to end, with a SIGKILLed worker, by
+`tests/test_durable_engine.py::test_a_dead_workers_workflow_is_finished_by_a_live_one_from_its_last_completed_step`;
+the queue limits bastion registers (`partition_concurrency`, `polling_interval_sec`) are read back from
+DBOS's queue by `test_queues_are_polled_quickly_by_default` there, and a dequeued workflow running on the
+launching loop by `test_a_dequeued_workflow_runs_on_the_loop_that_launched_the_engine`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from dbos import DBOS, DBOSClient, SetEnqueueOptions, SetWorkflowID
+from dbos._dbos import _get_dbos_instance
+from dbos._dbos_config import DBOSConfig
+from dbos._sys_db import WorkflowStatusString
+
+from bastion.durable import DURABLE_APPLICATION_VERSION, DURABLE_SCHEMA, DurableEngine, system_database_url
+from bastion.inbox import replies
+from tests import durable_workflows
+from tests.conftest import MigratedDatabase
+
+# Each call as bastion makes it (the module that makes it, then its arguments).
+_CALLS: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = {
+    # durable/engine.py: the janitor hands a dead executor's workflows back.
+    "DBOS._recover_pending_workflows([executor])": (DBOS._recover_pending_workflows, (["dead"],), {}),
+    "DBOS.migrate(url, schema=, application_role=)": (
+        DBOS.migrate,
+        ("postgresql+psycopg://db/app",),
+        {"schema": "dbos", "application_role": "bastion_app"},
+    ),
+    "DBOS(config=)": (DBOS, (), {"config": {}}),
+    "DBOS.launch()": (DBOS.launch, (), {}),
+    "DBOS.destroy()": (DBOS.destroy, (), {}),
+    "DBOS.register_queue_async(name, partition_concurrency=, polling_interval_sec=)": (
+        DBOS.register_queue_async,
+        ("bastion.hooks:h",),
+        {"partition_concurrency": 1, "polling_interval_sec": 0.1},
+    ),
+    # durable/turns.py: the turn workflow and its retention.
+    "DBOS.start_workflow_async(workflow, input)": (DBOS.start_workflow_async, (lambda _: None, {}), {}),
+    "DBOS.list_workflows_async(name=, status=, completed_before=, load_input=, load_output=)": (
+        DBOS.list_workflows_async,
+        (),
+        {
+            "name": "bastion.turn",
+            "status": ["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
+            "completed_before": "2026-01-01T00:00:00+00:00",
+            "load_input": False,
+            "load_output": False,
+        },
+    ),
+    "DBOS.delete_workflows_async(ids)": (DBOS.delete_workflows_async, (["id"],), {}),
+    "SetWorkflowID(id)": (SetWorkflowID, ("id",), {}),
+    # hooks/_batches.py and inbox/replies.py: workflows, steps, lanes and pauses.
+    "DBOS.workflow(name=)": (DBOS.workflow, (), {"name": "bastion.hooks.batch"}),
+    "DBOS.step(name=, retries_allowed=, max_attempts=)": (
+        DBOS.step,
+        (),
+        {"name": "bastion.inbox.reply.load", "retries_allowed": True, "max_attempts": 3},
+    ),
+    "DBOS.enqueue_workflow_async(queue, workflow, *args)": (
+        DBOS.enqueue_workflow_async,
+        ("bastion.hooks:h", lambda *_: None, "h", "conversation", [1], 0, 0),
+        {},
+    ),
+    "SetEnqueueOptions(queue_partition_key=)": (
+        SetEnqueueOptions,
+        (),
+        {"queue_partition_key": "conversation"},
+    ),
+    "DBOS.sleep_async(seconds)": (DBOS.sleep_async, (0.5,), {}),
+    # hooks/retention.py: the client that prunes and cancels deliveries.
+    "DBOSClient(system_database_url=, dbos_system_schema=)": (
+        DBOSClient,
+        (),
+        {"system_database_url": "postgresql+psycopg://db/app", "dbos_system_schema": "dbos"},
+    ),
+    "DBOSClient.list_workflows_async(workflow_id_prefix=, status=, completed_before=, ...)": (
+        DBOSClient.list_workflows_async,
+        (None,),
+        {
+            "workflow_id_prefix": ["bastion.hook:a:", "bastion.hook:b:"],
+            "status": ["SUCCESS", "ERROR", "CANCELLED"],
+            "completed_before": "2026-01-01T00:00:00+00:00",
+            "load_input": False,
+            "load_output": False,
+        },
+    ),
+    "DBOSClient.delete_workflows_async(ids)": (DBOSClient.delete_workflows_async, (None, ["id"]), {}),
+    "DBOSClient.cancel_workflows_async(ids)": (DBOSClient.cancel_workflows_async, (None, ["id"]), {}),
+    "DBOSClient.destroy()": (DBOSClient.destroy, (None,), {}),
+}
+
+# The keys of the `DBOSConfig` the engine launches with (`_launch_dbos`).
+_CONFIG_KEYS = {
+    "name",
+    "system_database_url",
+    "dbos_system_schema",
+    "run_migrations",
+    "application_version",
+    "executor_id",
+    "sys_db_pool_size",
+    "log_level",
+}
+
+# Every status DBOS gives a workflow. bastion's SQL and filters sort them into unfinished (ENQUEUED,
+# PENDING) and ended (the rest but DELAYED, which only `delay_seconds`, unused by bastion, produces):
+# a status added or gone needs a look at `hooks/delivery_status.py`, `hooks/retention.py`,
+# `hooks/delivery.py` (`_IN_FLIGHT`) and `durable/turns.py` (`prune_finished_turns`).
+_STATUSES = {
+    "ENQUEUED",
+    "PENDING",
+    "SUCCESS",
+    "ERROR",
+    "CANCELLED",
+    "MAX_RECOVERY_ATTEMPTS_EXCEEDED",
+    "DELAYED",
+}
+
+# The columns of `dbos.workflow_status` bastion's SQL reads, with their types.
+_WORKFLOW_STATUS_COLUMNS = {
+    "workflow_uuid": "text",  # hooks: the hook and first event are parsed out of the workflow id
+    "status": "text",
+    "name": "text",  # hooks/delivery.py: a hook's batch in flight
+    "updated_at": "bigint",  # epoch milliseconds: hooks/delivery_status.py divides by 1000
+    "executor_id": "text",  # durable/engine.py: the executors that left PENDING work
+    "application_name": "text",
+    "application_version": "text",
+}
+
+# The parameters of `dbos.enqueue_workflow` that inbox/replies.py passes, by position then by name.
+_ENQUEUE_POSITIONAL = [
+    ("workflow_name", "text"),
+    ("queue_name", "text"),
+    ("positional_args", "json[]"),
+    ("named_args", "json"),
+]
+_ENQUEUE_NAMED = [("workflow_id", "text"), ("app_version", "text"), ("queue_partition_key", "text")]
+_ENQUEUE_NAMED += [("application_name", "text")]
+
+
+@pytest.mark.parametrize("call", list(_CALLS))
+def test_each_dbos_call_bastion_makes_still_binds_to_its_signature(call: str) -> None:
+    function, args, kwargs = _CALLS[call]
+    signature = inspect.signature(function)
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as error:
+        pytest.fail(f"DBOS changed `{call}`: it is now {function.__qualname__}{signature} ({error}).")
+
+
+def test_the_recovery_call_takes_a_list_of_executor_ids() -> None:
+    """The janitor passes `[executor]` positionally; a rename or a single id would break it silently."""
+    parameters = list(inspect.signature(DBOS._recover_pending_workflows).parameters.values())
+    assert [p.name for p in parameters] == ["executor_ids"], (
+        f"DBOS._recover_pending_workflows now takes {[p.name for p in parameters]}, not (executor_ids)."
+    )
+    assert "List[str]" in str(parameters[0].annotation), (
+        f"DBOS._recover_pending_workflows's executor_ids is now {parameters[0].annotation}, not List[str]."
+    )
+
+
+def test_the_engine_sets_only_config_keys_dbos_knows() -> None:
+    missing = _CONFIG_KEYS - set(DBOSConfig.__annotations__)
+    assert not missing, f"DBOSConfig no longer has {sorted(missing)}, which durable/engine.py sets."
+
+
+def test_dbos_gives_workflows_the_statuses_bastion_sorts() -> None:
+    statuses = {status.value for status in WorkflowStatusString}
+    assert statuses == _STATUSES, (
+        f"DBOS's workflow statuses changed: added {sorted(statuses - _STATUSES)},"
+        f" removed {sorted(_STATUSES - statuses)}; see _STATUSES here for the code that filters on them."
+    )
+
+
+async def test_the_engine_reads_its_launch_from_the_global_instance(durable_engine: DurableEngine) -> None:
+    """durable/engine.py refuses a second launch by reading `_get_dbos_instance()._launched`."""
+    instance = _get_dbos_instance()
+    assert hasattr(instance, "_launched"), "DBOS's instance no longer has `_launched`."
+    assert instance._launched is True, "`_get_dbos_instance()._launched` is not True while launched."
+
+
+def test_the_system_tables_have_the_columns_bastion_reads(migrated_database: MigratedDatabase) -> None:
+    with psycopg.connect(migrated_database.admin_dsn) as conn:
+        rows = conn.execute(
+            "select column_name, data_type from information_schema.columns"
+            " where table_schema = %s and table_name = 'workflow_status'",
+            (DURABLE_SCHEMA,),
+        ).fetchall()
+    columns = dict(rows)
+    for column, kind in _WORKFLOW_STATUS_COLUMNS.items():
+        assert columns.get(column) == kind, (
+            f"{DURABLE_SCHEMA}.workflow_status.{column} is {columns.get(column) or 'gone'}, not {kind}."
+        )
+
+
+def test_the_enqueue_function_takes_the_arguments_the_inbox_passes(
+    migrated_database: MigratedDatabase,
+) -> None:
+    with psycopg.connect(migrated_database.admin_dsn) as conn:
+        overloads = conn.execute(
+            "select array(select (n, format_type(t, null))::text"
+            "   from unnest(p.proargnames, p.proargtypes::oid[]) as a(n, t))"
+            "  from pg_proc p join pg_namespace s on s.oid = p.pronamespace"
+            " where s.nspname = %s and p.proname = 'enqueue_workflow'",
+            (DURABLE_SCHEMA,),
+        ).fetchall()
+    assert len(overloads) == 1, f"{DURABLE_SCHEMA}.enqueue_workflow has {len(overloads)} overloads, not one."
+    parameters = [tuple(text.strip("()").split(",", 1)) for text in overloads[0][0]]
+    assert parameters[: len(_ENQUEUE_POSITIONAL)] == _ENQUEUE_POSITIONAL, (
+        f"{DURABLE_SCHEMA}.enqueue_workflow now starts with {parameters[: len(_ENQUEUE_POSITIONAL)]}."
+    )
+    for parameter in _ENQUEUE_NAMED:
+        assert parameter in parameters, f"{DURABLE_SCHEMA}.enqueue_workflow no longer takes {parameter}."
+
+
+def test_the_inbox_enqueue_sql_leaves_an_enqueued_workflow_in_its_partition(
+    migrated_database: MigratedDatabase,
+) -> None:
+    """`replies._ENQUEUE`, run as the application's role and rolled back, so no process ever runs it."""
+    workflow_id = f"contract:{uuid.uuid4()}"
+    with psycopg.connect(migrated_database.app_dsn) as conn:
+        arguments = ['"tenant"', '"contact"', '"conversation"', '"message"']
+        conn.execute(
+            replies._ENQUEUE,
+            (
+                replies.REPLY_WORKFLOW,
+                "contract.unpolled",
+                *arguments,
+                workflow_id,
+                DURABLE_APPLICATION_VERSION,
+                "conversation",
+                "bastion",
+            ),
+        )
+        row = conn.execute(
+            "select status, name, queue_name, queue_partition_key, application_version, application_name"
+            " from dbos.workflow_status where workflow_uuid = %s",
+            (workflow_id,),
+        ).fetchone()
+        conn.rollback()
+    assert row == (
+        "ENQUEUED",
+        replies.REPLY_WORKFLOW,
+        "contract.unpolled",
+        "conversation",
+        DURABLE_APPLICATION_VERSION,
+        "bastion",
+    ), f"dbos.enqueue_workflow stored {row}."
+
+
+async def test_the_client_lists_a_finished_workflow_by_prefix_and_completion_time_then_deletes_it(
+    durable_engine: DurableEngine, migrated_database: MigratedDatabase
+) -> None:
+    """The filters hooks/retention.py passes, on a workflow that finished; and its `updated_at` unit."""
+    prefix = f"contract:{uuid.uuid4().hex}:"
+    workflow_id = prefix + "1"
+    with SetWorkflowID(workflow_id):
+        handle = await DBOS.start_workflow_async(durable_workflows.which_loop)
+    await handle.get_result()
+    with psycopg.connect(migrated_database.admin_dsn) as conn:
+        row = conn.execute(
+            "select updated_at / 1000.0 - extract(epoch from now()) from dbos.workflow_status"
+            " where workflow_uuid = %s",
+            (workflow_id,),
+        ).fetchone()
+    assert row is not None and abs(float(row[0])) < 3600, (
+        f"updated_at is no longer epoch milliseconds ({row})."
+    )
+
+    client = DBOSClient(
+        system_database_url=system_database_url(migrated_database.app_dsn), dbos_system_schema=DURABLE_SCHEMA
+    )
+    try:
+
+        async def finished(before: datetime) -> list[str]:
+            found = await client.list_workflows_async(
+                workflow_id_prefix=[prefix, f"contract:{uuid.uuid4().hex}:"],
+                status=["SUCCESS", "ERROR", "CANCELLED"],
+                completed_before=before.isoformat(),
+                load_input=False,
+                load_output=False,
+            )
+            return [workflow.workflow_id for workflow in found]
+
+        assert await finished(datetime.now(UTC) + timedelta(hours=1)) == [workflow_id]
+        assert await finished(datetime.now(UTC) - timedelta(hours=1)) == [], "completed_before is ignored."
+        await client.delete_workflows_async([workflow_id])
+        assert await finished(datetime.now(UTC) + timedelta(hours=1)) == [], "delete_workflows kept it."
+    finally:
+        client.destroy()
