@@ -88,7 +88,7 @@ _CALLS: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = 
         {"queue_partition_key": "conversation"},
     ),
     "DBOS.sleep_async(seconds)": (DBOS.sleep_async, (0.5,), {}),
-    # hooks/retention.py: the client that prunes and cancels deliveries.
+    # hooks/retention.py: the client that prunes, cancels and forgets deliveries.
     "DBOSClient(system_database_url=, dbos_system_schema=)": (
         DBOSClient,
         (),
@@ -271,7 +271,8 @@ def test_the_inbox_enqueue_sql_leaves_an_enqueued_workflow_in_its_partition(
 async def test_the_client_lists_a_finished_workflow_by_prefix_and_completion_time_then_deletes_it(
     durable_engine: DurableEngine, migrated_database: MigratedDatabase
 ) -> None:
-    """The filters hooks/retention.py passes, on a workflow that finished; and its `updated_at` unit."""
+    """The filters hooks/retention.py passes (a list of prefixes or one), on a workflow that finished;
+    and the unit of its `updated_at`."""
     prefix = f"contract:{uuid.uuid4().hex}:"
     workflow_id = prefix + "1"
     with SetWorkflowID(workflow_id):
@@ -304,6 +305,11 @@ async def test_the_client_lists_a_finished_workflow_by_prefix_and_completion_tim
 
         assert await finished(datetime.now(UTC) + timedelta(hours=1)) == [workflow_id]
         assert await finished(datetime.now(UTC) - timedelta(hours=1)) == [], "completed_before is ignored."
+        # `forget_deliveries` passes one prefix, not a list.
+        every = await client.list_workflows_async(
+            workflow_id_prefix=prefix, load_input=False, load_output=False
+        )
+        assert [workflow.workflow_id for workflow in every] == [workflow_id], "a single prefix finds nothing."
         await client.delete_workflows_async([workflow_id])
         assert await finished(datetime.now(UTC) + timedelta(hours=1)) == [], "delete_workflows kept it."
     finally:
