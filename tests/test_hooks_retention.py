@@ -143,6 +143,12 @@ async def test_the_bastion_hooks_command_prunes_delivered_events_and_finished_de
         expected = outbox_ids(database)
         await until(lambda: len(effects(database, "recorder")) == len(expected))
         await until(lambda: unfinished(database) == 0)
+    # One as DBOS leaves a workflow it gave up recovering: it goes with those that finished.
+    database.execute(
+        "update dbos.workflow_status set status = 'MAX_RECOVERY_ATTEMPTS_EXCEEDED'"
+        " where workflow_uuid = (select min(workflow_uuid) from dbos.workflow_status"
+        " where starts_with(workflow_uuid, 'bastion.hook:'))"
+    )
     code, kept, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path, "prune", "--older-than", "1d")
     assert code == 0 and kept.startswith("Pruned 0 event(s)") and " 0 finished delivery" in kept
     code, pruned, _ = await asyncio.to_thread(

@@ -100,15 +100,15 @@ async def prune_outbox(pool: Pool, older_than: timedelta) -> Pruned:
 
 
 async def prune_deliveries(conninfo: str, hooks: list[str], older_than: timedelta) -> int:
-    """Delete the hooks' delivery workflows that finished more than `older_than` ago from DBOS (its
-    client, on `conninfo` as the application's role); returns how many."""
+    """Delete the hooks' delivery workflows that finished (or that DBOS gave up recovering) more than
+    `older_than` ago from DBOS (its client, on `conninfo` as the application's role); returns how many."""
     if not hooks:
         return 0
     cutoff = (datetime.now(UTC) - older_than).isoformat()
     async with _client(conninfo) as client:
         finished = await client.list_workflows_async(
             workflow_id_prefix=[delivery_workflow_prefix(hook) for hook in hooks],
-            status=["SUCCESS", "ERROR", "CANCELLED"],
+            status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
             completed_before=cutoff,
             load_input=False,
             load_output=False,
