@@ -79,6 +79,23 @@ def dispatched(database: HooksDatabase, hook: str) -> bool:
     return rows == []
 
 
+async def until_broken_retries_alone(
+    database: HooksDatabase, store: PostgresStore
+) -> list[tuple[int, str, str]]:
+    """Wait until `recorder` has taken every event of the outbox and finished its deliveries, and
+    `broken`'s position has passed them all while its delivery retries the first; the outbox's events."""
+    expected = outbox_ids(database)
+    await until(lambda: len(effects(database, "recorder")) == len(expected))
+    await until(lambda: database.rows("select 1 from bastion.hook_failures where hook = 'broken'"))
+    await until(lambda: dispatched(database, "broken"))
+
+    async def recorder_done() -> bool:
+        return "recorder" not in await queued_deliveries(store.pool)
+
+    await until(recorder_done)
+    return expected
+
+
 def outbox_ids(database: HooksDatabase) -> list[tuple[int, str, str]]:
     return database.rows("select id, type, conversation_id::text from bastion.hook_events order by id")  # type: ignore[return-value]
 
@@ -245,15 +262,7 @@ async def test_the_bastion_hooks_command_lists_lag_and_failures_and_replays_a_ho
     database = hook_tables
     async with delivering(database, hooks_store, "recorder", "broken"):
         await simple_turns(hooks_store, 1)
-        expected = outbox_ids(database)
-        await until(lambda: len(effects(database, "recorder")) == len(expected))
-        await until(lambda: calls(database, "broken"))
-        await until(lambda: dispatched(database, "broken"))
-
-        async def recorder_done() -> bool:
-            return "recorder" not in await queued_deliveries(hooks_store.pool)
-
-        await until(recorder_done)
+        expected = await until_broken_retries_alone(database, hooks_store)
         code, listed, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path)
         assert code == 0
         rows = {line.split()[0]: line.split()[1:] for line in listed.splitlines()[1:]}

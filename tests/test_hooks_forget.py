@@ -14,7 +14,6 @@ from bastion.hooks import (
     PostgresHookOutbox,
     delivery_workflow_prefix,
     prune_outbox,
-    queued_deliveries,
 )
 from bastion.stores import PostgresStore
 from tests import hook_apps
@@ -29,6 +28,7 @@ from tests.test_hooks_delivery import (
     outbox_ids,
     simple_turns,
     until,
+    until_broken_retries_alone,
 )
 from tests.test_hooks_retention import unfinished
 
@@ -64,15 +64,7 @@ async def test_a_forgotten_hook_no_longer_holds_retention_back(
     outbox = PostgresHookOutbox(hooks_store.pool)
     async with delivering(database, hooks_store, "recorder", "broken"):
         await simple_turns(hooks_store, 1)
-        expected = outbox_ids(database)
-        await until(lambda: len(effects(database, "recorder")) == len(expected))
-        await until(lambda: dispatched(database, "broken"))
-        await until(lambda: database.rows("select 1 from bastion.hook_failures where hook = 'broken'"))
-
-        async def recorder_done() -> bool:
-            return "recorder" not in await queued_deliveries(hooks_store.pool)
-
-        await until(recorder_done)
+        expected = await until_broken_retries_alone(database, hooks_store)
     # The application stops registering `broken`: its delivery, still retrying the first event,
     # keeps every event in the outbox.
     waiting, every = unfinished(database), workflows_of(database, "broken")
