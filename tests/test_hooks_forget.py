@@ -44,6 +44,20 @@ def unfinished_of(database: HooksDatabase, hook: str) -> int:
     return int(count)
 
 
+def lanes_alone(database: HooksDatabase, hook: str) -> int:
+    """How many of the conversation's lanes wait to try `hook` again, each holding it, once the hook's
+    position has passed every event and its batches have finished (0 before): the turn's events may
+    have gone out in one batch or in two."""
+    unfinished = database.rows(
+        "select workflow_uuid from dbos.workflow_status"
+        " where starts_with(workflow_uuid, %s) and status in ('ENQUEUED', 'PENDING')",
+        delivery_workflow_prefix(hook),
+    )
+    lanes = sum(":c" in workflow for (workflow,) in unfinished)
+    settled = dispatched(database, hook) and lanes == len(unfinished) == held(database, hook)
+    return lanes if settled else 0
+
+
 def workflows_of(database: HooksDatabase, hook: str) -> int:
     [(count,)] = database.rows(
         "select count(*) from dbos.workflow_status where starts_with(workflow_uuid, %s)",
@@ -65,15 +79,16 @@ async def test_a_forgotten_hook_no_longer_holds_retention_back(
     async with delivering(database, hooks_store, "recorder", "broken"):
         await simple_turns(hooks_store, 1)
         expected = await until_broken_retries_alone(database, hooks_store)
+        await until(lambda: lanes_alone(database, "broken") >= 1)
+        lanes = lanes_alone(database, "broken")
     # The application stops registering `broken`: its delivery, still retrying the first event,
     # keeps every event in the outbox.
-    waiting, every = unfinished(database), workflows_of(database, "broken")
-    assert every >= waiting >= 1
+    every = workflows_of(database, "broken")  # its batches and their lanes
+    assert unfinished(database) == lanes and every == 2 * lanes
     assert (await prune_outbox(hooks_store.pool, timedelta(0))).events == 0
-    holds = held(database, "broken")
 
     # An interrupted forget: the subscription went, its deliveries were not cancelled yet.
-    assert await outbox.forget("broken") == ForgottenHook(failures=1, holds=holds)
+    assert await outbox.forget("broken") == ForgottenHook(failures=1, holds=lanes)
     assert database.rows("select hook from bastion.hook_subscriptions") == [("recorder",)]
     assert database.rows("select 1 from bastion.hook_failures") == []
     assert held(database, "broken") == 0
@@ -83,7 +98,7 @@ async def test_a_forgotten_hook_no_longer_holds_retention_back(
     assert code == 0
     assert forgot.strip() == (
         f"Forgot broken: it had no subscription left; deleted {every} delivery workflow(s), of which"
-        f" {waiting} unfinished were cancelled."
+        f" {lanes} unfinished were cancelled."
     )
     assert unfinished(database) == 0 and workflows_of(database, "broken") == 0
     code, listed, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path)
@@ -101,10 +116,14 @@ async def test_forgetting_a_hook_while_delivery_runs_stops_it_and_spares_the_oth
     database = hook_tables
     async with delivering(database, hooks_store, "recorder", "broken"):
         await simple_turns(hooks_store, 1)
-        await until(lambda: database.rows("select 1 from bastion.hook_failures where hook = 'broken'"))
-        assert unfinished_of(database, "broken") >= 1
+        await until(lambda: lanes_alone(database, "broken") >= 1)
+        lanes = lanes_alone(database, "broken")
         code, forgot, _ = await asyncio.to_thread(bastion_hooks, database, tmp_path, "forget", "broken")
-        assert code == 0 and forgot.startswith("Forgot broken: deleted its position, 1 failure record(s)")
+        assert code == 0
+        assert forgot.startswith(
+            f"Forgot broken: deleted its position, 1 failure record(s) and {lanes} hold(s);"
+        )
+        assert forgot.strip().endswith(f"of which {lanes} unfinished were cancelled.")
         assert unfinished_of(database, "broken") == 0
         # Later turns reach the remaining hook and none reaches the forgotten one.
         called = set(calls(database, "broken"))
