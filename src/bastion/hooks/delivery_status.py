@@ -19,12 +19,11 @@ __all__ = ["FailedDelivery", "failed_deliveries", "failed_delivery_counts", "que
 
 _UNFINISHED: Final = ("ENQUEUED", "PENDING")
 _ENDED_IN_ERROR: Final = ("ERROR", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
-_COUNTED: Final = 10_000  # a count past this many is an outage for an operator to look into anyway
 
 # A delivery's workflow id names its hook, the first event it carried and its generation (lanes share
 # their batch's). It is settled by a replay of a later generation from a position before that event;
 # one whose first event was pruned is not (it was never delivered). A hook no longer subscribed has none.
-_FAILED: Final = """
+_UNSETTLED: Final = """
 with ended as (
   select split_part(w.workflow_uuid, ':', 2) as hook, w.workflow_uuid,
          substring(w.workflow_uuid from '^bastion[.]hook:[^:]+:([0-9]{19})-')::bigint as first_id,
@@ -32,20 +31,25 @@ with ended as (
          w.status, w.updated_at
     from dbos.workflow_status w
    where starts_with(w.workflow_uuid, 'bastion.hook:') and w.status = any(%(statuses)s)
+),
+unsettled as (
+  select d.* from ended d
+    join bastion.hook_subscriptions s on s.hook = d.hook
+    left join bastion.hook_events e on e.id = d.first_id
+   where (%(hook)s::text is null or d.hook = %(hook)s)
+     and not exists (
+       select 1 from bastion.hook_replays r
+        where r.hook = d.hook and r.generation > d.generation
+          and (r.position_tx, r.position_id) < (e.tx, e.id)
+     )
 )
-select d.hook, d.workflow_uuid, d.first_id, d.status, to_timestamp(d.updated_at / 1000.0)
-  from ended d
-  join bastion.hook_subscriptions s on s.hook = d.hook
-  left join bastion.hook_events e on e.id = d.first_id
- where (%(hook)s::text is null or d.hook = %(hook)s)
-   and not exists (
-     select 1 from bastion.hook_replays r
-      where r.hook = d.hook and r.generation > d.generation
-        and (r.position_tx, r.position_id) < (e.tx, e.id)
-   )
- order by d.updated_at desc
- limit %(limit)s
 """
+_FAILED: Final = (
+    _UNSETTLED
+    + "select hook, workflow_uuid, first_id, status, to_timestamp(updated_at / 1000.0) from unsettled"
+    " order by updated_at desc limit %(limit)s"
+)
+_FAILED_PER_HOOK: Final = _UNSETTLED + "select hook, count(*) from unsettled group by hook"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,10 +71,11 @@ async def queued_deliveries(pool: Pool) -> dict[str, int]:
 
 async def failed_delivery_counts(pool: Pool) -> dict[str, int]:
     """Deliveries that ended in an error and no replay has settled, per hook."""
-    counts: dict[str, int] = {}
-    for delivery in await failed_deliveries(pool, limit=_COUNTED):
-        counts[delivery.hook] = counts.get(delivery.hook, 0) + 1
-    return counts
+    async with pool.connection() as conn:
+        params = {"hook": None, "statuses": list(_ENDED_IN_ERROR)}
+        cursor = await conn.execute(_FAILED_PER_HOOK, params)
+        rows = await cursor.fetchall()
+    return {name: count for name, count in rows}
 
 
 async def failed_deliveries(pool: Pool, hook: str | None = None, *, limit: int = 100) -> list[FailedDelivery]:
