@@ -30,31 +30,18 @@ from tests.test_hooks_delivery import (
     until,
     until_broken_retries_alone,
 )
-from tests.test_hooks_retention import unfinished
+from tests.test_hooks_retention import unfinished, unfinished_deliveries
 
 __all__ = ["hook_tables"]  # the fixture, shared with the delivery tests
-
-
-def unfinished_of(database: HooksDatabase, hook: str) -> int:
-    [(count,)] = database.rows(
-        "select count(*) from dbos.workflow_status"
-        " where starts_with(workflow_uuid, %s) and status in ('ENQUEUED', 'PENDING')",
-        delivery_workflow_prefix(hook),
-    )
-    return int(count)
 
 
 def lanes_alone(database: HooksDatabase, hook: str) -> int:
     """How many of the conversation's lanes wait to try `hook` again, each holding it, once the hook's
     position has passed every event and its batches have finished (0 before): the turn's events may
     have gone out in one batch or in two."""
-    unfinished = database.rows(
-        "select workflow_uuid from dbos.workflow_status"
-        " where starts_with(workflow_uuid, %s) and status in ('ENQUEUED', 'PENDING')",
-        delivery_workflow_prefix(hook),
-    )
-    lanes = sum(":c" in workflow for (workflow,) in unfinished)
-    settled = dispatched(database, hook) and lanes == len(unfinished) == held(database, hook)
+    waiting = unfinished_deliveries(database, hook)
+    lanes = sum(":c" in workflow for workflow in waiting)
+    settled = dispatched(database, hook) and lanes == len(waiting) == held(database, hook)
     return lanes if settled else 0
 
 
@@ -124,7 +111,7 @@ async def test_forgetting_a_hook_while_delivery_runs_stops_it_and_spares_the_oth
             f"Forgot broken: deleted its position, 1 failure record(s) and {lanes} hold(s);"
         )
         assert forgot.strip().endswith(f"of which {lanes} unfinished were cancelled.")
-        assert unfinished_of(database, "broken") == 0
+        assert unfinished(database, "broken") == 0
         # Later turns reach the remaining hook and none reaches the forgotten one.
         called = set(calls(database, "broken"))
         await simple_turns(hooks_store, 2)

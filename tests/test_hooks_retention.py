@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bastion.hooks import HookEventPruned, PostgresHookOutbox, define_hook, prune_outbox
+from bastion.hooks import (
+    HookEventPruned,
+    PostgresHookOutbox,
+    define_hook,
+    delivery_workflow_prefix,
+    prune_outbox,
+)
 from bastion.hooks.report import parse_age
 from bastion.stores import PostgresStore
 from tests.hook_scenarios import drain
@@ -37,13 +43,19 @@ async def noop(event: object) -> None:
     return None
 
 
-def unfinished(database: HooksDatabase) -> int:
-    """Delivery workflows enqueued or running."""
-    [(count,)] = database.rows(
-        "select count(*) from dbos.workflow_status"
-        " where starts_with(workflow_uuid, 'bastion.hook:') and status in ('ENQUEUED', 'PENDING')"
+def unfinished_deliveries(database: HooksDatabase, hook: str | None = None) -> list[str]:
+    """The ids of the delivery workflows (of `hook`, or of every hook) enqueued or running."""
+    prefix = "bastion.hook:" if hook is None else delivery_workflow_prefix(hook)
+    rows = database.rows(
+        "select workflow_uuid from dbos.workflow_status"
+        " where starts_with(workflow_uuid, %s) and status in ('ENQUEUED', 'PENDING')",
+        prefix,
     )
-    return int(count)
+    return [workflow for (workflow,) in rows]
+
+
+def unfinished(database: HooksDatabase, hook: str | None = None) -> int:
+    return len(unfinished_deliveries(database, hook))
 
 
 def event_ids(database: HooksDatabase) -> list[int]:
