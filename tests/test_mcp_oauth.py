@@ -12,13 +12,11 @@ import base64
 import json
 import logging
 import os
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-import httpx2
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
@@ -33,35 +31,14 @@ from bastion.mcp.oauth import (
     AuthorizationStateExpiredError,
     AuthorizationStateInvalidError,
     McpOAuth,
-    McpOAuthConnection,
 )
 from bastion.stores.credentials import CredentialKeyring, PostgresCredentialProvider
-from bastion.stores.oauth_states import PostgresAuthorizationStates
 from bastion.tools import ToolCall
 from tests.conftest import MigratedDatabase
+from tests.oauth_db import NAME, REDIRECT, build_oauth, keyring, principal, sign_in
 from tests.oauth_servers import SCOPE, OAuthServers, serve_oauth
 
-REDIRECT = "http://127.0.0.1:1/connections/callback"
-NAME = "docs"
 FOUND = {"result": "found: q"}
-
-
-def principal(user_id: str | None = None) -> Principal:
-    return Principal(
-        id=user_id or str(uuid.uuid4()),
-        role="authenticated",
-        email=None,
-        is_anonymous=False,
-        aal=None,
-        session_id=None,
-        tenant_id=None,
-        roles=(),
-        claims={},
-    )
-
-
-def keyring(text: str) -> CredentialKeyring:
-    return CredentialKeyring.from_environment(environ={"BASTION_CREDENTIALS_KEY": text})
 
 
 @pytest.fixture(scope="module")
@@ -81,48 +58,10 @@ def reset_servers(servers: OAuthServers) -> None:
 
 
 @pytest.fixture
-async def pool(migrated_database: MigratedDatabase) -> AsyncIterator[AsyncConnectionPool[Any]]:
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        migrated_database.app_dsn, min_size=1, max_size=6, kwargs={"autocommit": True}, open=False
-    )
-    await pool.open(wait=True)
-    yield pool
-    await pool.close()
-
-
-@pytest.fixture
-def keys() -> CredentialKeyring:
-    return keyring(f"k1:{base64.b64encode(os.urandom(32)).decode()}")
-
-
-def build_oauth(
-    pool: AsyncConnectionPool[Any],
-    keys: CredentialKeyring,
-    servers: OAuthServers,
-    **options: Any,
+def oauth(
+    oauth_pool: AsyncConnectionPool[Any], oauth_keys: CredentialKeyring, servers: OAuthServers
 ) -> McpOAuth:
-    connection = McpOAuthConnection(name=NAME, server_url=servers.mcp_url, redirect_uri=REDIRECT)
-    return McpOAuth(
-        [connection],
-        credentials=lambda who: PostgresCredentialProvider(pool, keys=keys, tenant_id=who.tenant_id),
-        states=PostgresAuthorizationStates(pool, keys=keys),
-        **options,
-    )
-
-
-@pytest.fixture
-def oauth(pool: AsyncConnectionPool[Any], keys: CredentialKeyring, servers: OAuthServers) -> McpOAuth:
-    return build_oauth(pool, keys, servers)
-
-
-async def sign_in(url: str) -> dict[str, str]:
-    """What a browser does: open the authorization URL, and read where the server sends it back."""
-    async with httpx2.AsyncClient() as client:
-        response = await client.get(url)
-    assert response.status_code == 302, response.text
-    location = response.headers["location"]
-    assert location.startswith(REDIRECT)
-    return {key: values[0] for key, values in parse_qs(urlparse(location).query).items()}
+    return build_oauth(oauth_pool, oauth_keys, servers)
 
 
 async def connect(oauth: McpOAuth, who: Principal) -> None:
@@ -153,9 +92,9 @@ async def stored_tokens(admin_dsn: str, who: Principal) -> list[tuple[Any, ...]]
 
 
 async def stored_connection(
-    pool: AsyncConnectionPool[Any], keys: CredentialKeyring, who: Principal
+    oauth_pool: AsyncConnectionPool[Any], oauth_keys: CredentialKeyring, who: Principal
 ) -> dict[str, Any]:
-    store = PostgresCredentialProvider(pool, keys=keys)
+    store = PostgresCredentialProvider(oauth_pool, keys=oauth_keys)
     ref = CredentialRef(provider=store.name, secret=f"mcp-oauth:{NAME}", scope="user")
     value = await store.get(ref, owner_id=who.id)
     assert value is not None
@@ -219,12 +158,12 @@ async def test_a_user_who_never_connected_is_asked_to(oauth: McpOAuth, servers: 
 
 
 async def test_the_callback_may_land_on_another_worker(
-    pool: AsyncConnectionPool[Any],
-    keys: CredentialKeyring,
+    oauth_pool: AsyncConnectionPool[Any],
+    oauth_keys: CredentialKeyring,
     servers: OAuthServers,
     migrated_database: MigratedDatabase,
 ) -> None:
-    first, second = build_oauth(pool, keys, servers), build_oauth(pool, keys, servers)
+    first, second = build_oauth(oauth_pool, oauth_keys, servers), build_oauth(oauth_pool, oauth_keys, servers)
     alice = principal()
     answer = await sign_in(await first.start(alice, NAME))
     del first
@@ -261,12 +200,12 @@ async def test_a_replayed_callback_is_refused(
 
 
 async def test_an_expired_state_is_refused_and_stores_nothing(
-    pool: AsyncConnectionPool[Any],
-    keys: CredentialKeyring,
+    oauth_pool: AsyncConnectionPool[Any],
+    oauth_keys: CredentialKeyring,
     servers: OAuthServers,
     migrated_database: MigratedDatabase,
 ) -> None:
-    oauth = build_oauth(pool, keys, servers, state_ttl=timedelta(seconds=-1))
+    oauth = build_oauth(oauth_pool, oauth_keys, servers, state_ttl=timedelta(seconds=-1))
     alice = principal()
     answer = await sign_in(await oauth.start(alice, NAME))
     with pytest.raises(AuthorizationStateExpiredError) as raised:
@@ -316,26 +255,26 @@ async def test_a_user_refused_at_the_server_is_told_so(
 
 
 async def test_an_expiring_token_is_refreshed_and_the_rotated_refresh_token_replaces_the_old(
-    pool: AsyncConnectionPool[Any], keys: CredentialKeyring, servers: OAuthServers
+    oauth_pool: AsyncConnectionPool[Any], oauth_keys: CredentialKeyring, servers: OAuthServers
 ) -> None:
-    oauth = build_oauth(pool, keys, servers, refresh_margin=600)
+    oauth = build_oauth(oauth_pool, oauth_keys, servers, refresh_margin=600)
     alice = principal()
     servers.authorization.access_ttl = 60  # stale at once under a 600 s margin
     await connect(oauth, alice)
-    first = await stored_connection(pool, keys, alice)
+    first = await stored_connection(oauth_pool, oauth_keys, alice)
     servers.authorization.access_ttl = 3600
     servers.authorization.expire_access_tokens()  # only a refreshed token gets through now
     assert await search(oauth, alice, servers) == FOUND
-    second = await stored_connection(pool, keys, alice)
+    second = await stored_connection(oauth_pool, oauth_keys, alice)
     assert second["token"]["refresh_token"] != first["token"]["refresh_token"]
     assert second["token"]["refresh_token"] in servers.authorization.refresh
     assert first["token"]["refresh_token"] not in servers.authorization.refresh  # rotated away
 
 
 async def test_two_turns_refreshing_at_once_refresh_once(
-    pool: AsyncConnectionPool[Any], keys: CredentialKeyring, servers: OAuthServers
+    oauth_pool: AsyncConnectionPool[Any], oauth_keys: CredentialKeyring, servers: OAuthServers
 ) -> None:
-    oauth = build_oauth(pool, keys, servers, refresh_margin=600)
+    oauth = build_oauth(oauth_pool, oauth_keys, servers, refresh_margin=600)
     alice = principal()
     servers.authorization.access_ttl = 60  # stale at once under a 600 s margin
     await connect(oauth, alice)
@@ -349,9 +288,9 @@ async def test_two_turns_refreshing_at_once_refresh_once(
 
 
 async def test_a_refused_refresh_asks_to_connect_again_and_is_not_retried(
-    pool: AsyncConnectionPool[Any], keys: CredentialKeyring, servers: OAuthServers
+    oauth_pool: AsyncConnectionPool[Any], oauth_keys: CredentialKeyring, servers: OAuthServers
 ) -> None:
-    oauth = build_oauth(pool, keys, servers, refresh_margin=600)
+    oauth = build_oauth(oauth_pool, oauth_keys, servers, refresh_margin=600)
     alice = principal()
     servers.authorization.access_ttl = 60
     await connect(oauth, alice)
@@ -368,15 +307,15 @@ async def test_a_refused_refresh_asks_to_connect_again_and_is_not_retried(
 
 
 async def test_stored_tokens_outlive_a_key_rotation_and_a_refresh_seals_them_with_the_new_key(
-    pool: AsyncConnectionPool[Any], servers: OAuthServers, migrated_database: MigratedDatabase
+    oauth_pool: AsyncConnectionPool[Any], servers: OAuthServers, migrated_database: MigratedDatabase
 ) -> None:
     alice = principal()
     old = f"k1:{base64.b64encode(os.urandom(32)).decode()}"
     servers.authorization.access_ttl = 60
-    await connect(build_oauth(pool, keyring(old), servers), alice)
+    await connect(build_oauth(oauth_pool, keyring(old), servers), alice)
     servers.authorization.access_ttl = 3600
     rotated = keyring(f"k2:{base64.b64encode(os.urandom(32)).decode()},{old}")
-    refreshing = build_oauth(pool, rotated, servers, refresh_margin=600)
+    refreshing = build_oauth(oauth_pool, rotated, servers, refresh_margin=600)
     assert await search(refreshing, alice, servers) == FOUND
     [(key_id, _)] = await stored_tokens(migrated_database.admin_dsn, alice)
     assert key_id == "k2"
