@@ -64,7 +64,9 @@ def build_oauth(
     servers: OAuthServers,
     **options: Any,
 ) -> McpOAuth:
-    connection = McpOAuthConnection(name=NAME, server_url=servers.mcp_url, redirect_uri=REDIRECT)
+    connection = options.pop("connection", None) or McpOAuthConnection(
+        name=NAME, server_url=servers.mcp_url, redirect_uri=REDIRECT
+    )
     return McpOAuth(
         [connection],
         credentials=lambda who: PostgresCredentialProvider(pool, keys=keys, tenant_id=who.tenant_id),

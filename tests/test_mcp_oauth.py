@@ -19,7 +19,9 @@ from urllib.parse import parse_qs, urlparse
 
 import psycopg
 import pytest
+from mcp.shared.auth import OAuthClientInformationFull
 from psycopg_pool import AsyncConnectionPool
+from pydantic import AnyUrl
 
 from bastion.auth import Principal
 from bastion.credentials import ConnectionAuthorizationRequiredError, CredentialRef
@@ -31,6 +33,7 @@ from bastion.mcp.oauth import (
     AuthorizationStateExpiredError,
     AuthorizationStateInvalidError,
     McpOAuth,
+    McpOAuthConnection,
 )
 from bastion.stores.credentials import CredentialKeyring, PostgresCredentialProvider
 from bastion.tools import ToolCall
@@ -128,6 +131,40 @@ async def test_the_authorization_url_comes_from_discovery_with_pkce_resource_and
     assert params["redirect_uri"] == REDIRECT
     assert params["client_id"] in servers.authorization.clients  # registered dynamically
     assert await pending_rows(migrated_database.admin_dsn, alice) == 1
+
+
+async def test_a_sign_in_that_starts_as_expected_logs_no_error(
+    oauth: McpOAuth, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    await oauth.start(principal(), NAME)
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == []
+
+
+async def test_a_connection_with_a_configured_client_signs_in_without_registering(
+    oauth_pool: AsyncConnectionPool[Any], oauth_keys: CredentialKeyring
+) -> None:
+    with serve_oauth(registration=False) as servers:
+        client = OAuthClientInformationFull(
+            client_id="bastion-app",
+            client_secret="configured-secret",
+            token_endpoint_auth_method="client_secret_post",
+            redirect_uris=[AnyUrl(REDIRECT)],
+            scope=SCOPE,
+        )
+        servers.authorization.clients["bastion-app"] = client
+        connection = McpOAuthConnection(
+            name=NAME,
+            server_url=servers.mcp_url,
+            redirect_uri=REDIRECT,
+            client_id="bastion-app",
+            client_secret="configured-secret",
+        )
+        oauth = build_oauth(oauth_pool, oauth_keys, servers, connection=connection)
+        alice = principal()
+        await connect(oauth, alice)
+        assert await search(oauth, alice, servers) == FOUND
+        assert servers.authorization.log.registrations == 0
 
 
 async def test_a_connected_user_calls_the_protected_server_with_their_own_token(

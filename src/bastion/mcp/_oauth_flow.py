@@ -60,8 +60,12 @@ class StoredConnection(FlowState):
         return not self.reconnect and (self.expires_at is None or time.time() + margin < self.expires_at)
 
 
-class AuthorizationRedirect(Exception):
-    """Raised where the SDK would send a local browser away: the URL to send the user to, and the verifier."""
+class AuthorizationRedirect(BaseException):
+    """Raised where the SDK would send a local browser away: the URL to send the user to, and the verifier.
+
+    A `BaseException`, so that it passes the SDK's `except Exception` (which logs every failure of the flow
+    as an error) as the expected outcome it is.
+    """
 
     def __init__(self, url: str, state: str, code_verifier: str) -> None:
         super().__init__("The user must authorize the connection.")
