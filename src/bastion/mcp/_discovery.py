@@ -39,7 +39,7 @@ async def discover(client: McpClient, context: Any) -> Discovered:
         transport = await resolve_transport(client.definition, context)
         session = await client.connect(transport)
         initialized = await client.request(session.initialize(), stage="connect")
-        tools = await _list_tools(client, session)
+        tools = await pinned(client.definition, await _list_tools(client, session), context)
     except BaseException:
         await client.close()
         raise
@@ -60,6 +60,28 @@ async def _list_tools(client: McpClient, session: ClientSession) -> list[mcp_typ
         "The %s connection lists too many pages of tools; using the first ones.", client.definition.name
     )
     return tools
+
+
+async def pinned(
+    definition: McpConnectionDefinition[Any], tools: list[mcp_types.Tool], context: Any
+) -> list[mcp_types.Tool]:
+    """The tools the application's approved list lets through (all, without `tool_pins`); fails closed."""
+    if definition.tool_pins is None:
+        return tools
+    allowlist = set(definition.allowlist) if definition.allowlist is not None else None
+    exposed = [tool for tool in tools if allowlist is None or tool.name in allowlist]
+    try:
+        allowed = await definition.tool_pins.allowed(definition.name, exposed, context=context)
+    except Exception:
+        logger.warning(
+            "Checking the %s connection's tools against the approved list failed.",
+            definition.name,
+            exc_info=True,
+        )
+        raise McpConnectionError(
+            "discovery_failed", reason="connection_failed", connection=definition.name
+        ) from None
+    return [tool for tool in exposed if tool.name in allowed]
 
 
 def build_tools(discovered: list[Discovered]) -> list[Tool]:
