@@ -23,7 +23,16 @@ from typing import Any, Literal, Protocol, TypeAlias
 
 from mcp import types as mcp_types
 
-__all__ = ["ToolChange", "ToolPinPolicy", "ToolPins", "change_diff", "tool_definition", "tool_fingerprint"]
+__all__ = [
+    "ToolChange",
+    "ToolPinPolicy",
+    "ToolPinReview",
+    "ToolPins",
+    "change_diff",
+    "changes_report",
+    "tool_definition",
+    "tool_fingerprint",
+]
 
 ToolPinPolicy: TypeAlias = Literal["hold", "accept", "refuse"]
 TOOL_PIN_POLICIES: frozenset[str] = frozenset({"hold", "accept", "refuse"})
@@ -35,6 +44,14 @@ class ToolPins(Protocol):
     async def allowed(
         self, connection: str, tools: Sequence[mcp_types.Tool], *, context: Any
     ) -> set[str]: ...
+
+
+class ToolPinReview(Protocol):
+    """An administrator's side of the approved lists: the recorded changes, and deciding them."""
+
+    async def changes(self, *, status: str | None = "pending") -> list[ToolChange]: ...
+
+    async def decide(self, change_id: int, *, approve: bool, by: str) -> bool: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +94,22 @@ def change_diff(change: ToolChange) -> str:
     after = _lines(change.new_definition)
     label = f"{change.connection}/{change.tool}"
     return "".join(difflib.unified_diff(before, after, f"approved {label}", f"offered {label}"))
+
+
+def changes_report(changes: Sequence[ToolChange]) -> list[str]:
+    """Changes as text for an operator: one heading line each, then its diff."""
+    if not changes:
+        return ["No tool changes."]
+    lines: list[str] = []
+    for change in changes:
+        seen = f" by {change.detected_by}" if change.detected_by else ""
+        decided = f", {change.status} by {change.decided_by}" if change.decided_by else ""
+        lines.append(
+            f"#{change.id} {change.connection}/{change.tool}: {change.kind}, {change.status}"
+            f" (seen {change.detected_at:%Y-%m-%d %H:%M:%S}{seen}{decided})"
+        )
+        lines.extend(line.rstrip("\n") for line in change_diff(change).splitlines())
+    return lines
 
 
 def _lines(definition: Mapping[str, Any] | None) -> list[str]:

@@ -50,7 +50,7 @@ class PostgresToolPins:
         if policy not in TOOL_PIN_POLICIES:
             raise ValueError(f"A tool pin policy is 'hold', 'accept' or 'refuse', got {policy!r}.")
         self._pool = pool
-        self._application = application
+        self.application = application
         self._policy = policy
 
     async def allowed(self, connection: str, tools: Sequence[mcp_types.Tool], *, context: Any) -> set[str]:
@@ -63,7 +63,7 @@ class PostgresToolPins:
         async with caller_transaction(self._pool, _SET_CALLER, (_claims(context),)) as conn:
             cursor = await conn.execute(
                 "select bastion.mcp_check_tools(%s, %s, %s, %s::jsonb)",
-                (self._application, connection, self._policy, json.dumps(offered)),
+                (self.application, connection, self._policy, json.dumps(offered)),
             )
             rows = await cursor.fetchall()
         return {row[0] for row in rows}
@@ -72,7 +72,7 @@ class PostgresToolPins:
         """The application's changes with `status` (None: all), newest first."""
         async with caller_transaction(self._pool, _SET_CALLER, ("",)) as conn:
             cursor = await conn.execute(
-                f"select {_CHANGE_COLUMNS} from bastion.mcp_tool_changes(%s, %s)", (self._application, status)
+                f"select {_CHANGE_COLUMNS} from bastion.mcp_tool_changes(%s, %s)", (self.application, status)
             )
             rows = await cursor.fetchall()
         return [
@@ -97,7 +97,7 @@ class PostgresToolPins:
         async with caller_transaction(self._pool, _SET_CALLER, ("",)) as conn:
             cursor = await conn.execute(
                 "select bastion.mcp_decide_tool_change(%s, %s, %s, %s)",
-                (self._application, change_id, approve, by),
+                (self.application, change_id, approve, by),
             )
             row = await cursor.fetchone()
         return bool(row and row[0])
