@@ -43,6 +43,7 @@ McpErrorReason: TypeAlias = Literal[
     "invalid_arguments",
     "request_failed",
     "tool_error",
+    "tool_withheld",
 ]
 FAILS_EVEN_IF_OPTIONAL: frozenset[str] = frozenset({"configuration_error", "authorization_required"})
 """Codes that fail the turn even when the connection is optional: the application must act on them."""
@@ -99,6 +100,8 @@ def _message(
             return f"The tool {tool} on {where} reported an error."
         if reason == "closed":
             return f"{subject} is closed."
+        if reason == "tool_withheld":
+            return f"The tool {tool} on {where} changed and waits for an administrator's approval."
         if reason == "timeout":
             return f"The tool {tool} on {where} did not answer in time."
         return f"The tool {tool} failed on {where}."
