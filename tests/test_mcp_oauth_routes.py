@@ -3,21 +3,25 @@ callback that is not the caller's own, or comes twice, is refused with a stable 
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from bastion.auth import SupabaseEnv
+from bastion.auth import Principal, SupabaseEnv
+from bastion.mcp import create_mcp_connections
 from bastion.mcp.oauth_routes import oauth_connection_routes
 from bastion.stores.credentials import CredentialKeyring
+from bastion.tools import ToolCall
 from bastion.worker import create_agent_worker
 from tests.live_server import live_server
-from tests.oauth_db import NAME, build_oauth, sign_in
+from tests.oauth_db import NAME, REDIRECT, build_oauth, sign_in
 from tests.oauth_servers import SCOPE, OAuthServers, serve_oauth
 from tests.supabase_tokens import SigningKeys, es256, user_claims
 
@@ -135,3 +139,50 @@ async def test_the_routes_need_a_signed_in_user_and_a_known_connection(users: Us
         f"/v1/connections/{NAME}/oauth/callback", json={"code": "x"}, headers=users.headers(str(uuid.uuid4()))
     )
     assert malformed.status_code == 400
+
+
+async def test_the_readme_connection_signs_a_user_in_and_pins_its_tools(
+    oauth_pool: AsyncConnectionPool[Any], oauth_keys: CredentialKeyring, servers: OAuthServers
+) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    [block] = [
+        b for b in re.findall(r"```py\n(.*?)```", readme, flags=re.DOTALL) if "def docs_connection(" in b
+    ]
+    namespace: dict[str, Any] = {}
+    exec(block, namespace)
+    definition, routes = namespace["docs_connection"](
+        oauth_pool, oauth_keys, server_url=servers.mcp_url, redirect_uri=REDIRECT
+    )
+    signing = SigningKeys()
+    env = SupabaseEnv(url=PROJECT_URL, jwks=signing.jwks())
+    alice = str(uuid.uuid4())
+    with live_server(create_agent_worker(env=env, routes=routes)) as base:
+        async with httpx2.AsyncClient(base_url=base) as http:
+            users = Users(http, signing, env)
+            answer = await start(users, alice)
+            done = await http.post(
+                f"/v1/connections/{NAME}/oauth/callback",
+                json={"state": answer["state"], "code": answer["code"]},
+                headers=users.headers(alice),
+            )
+            assert done.json()["status"] == "connected"
+    principal = Principal(
+        id=alice,
+        role="authenticated",
+        email=None,
+        is_anonymous=False,
+        aal=None,
+        session_id=None,
+        tenant_id="tenant-a",  # the tenant in the test tokens' app_metadata
+        roles=(),
+        claims={},
+    )
+    connections = await create_mcp_connections([definition], context=principal)
+    try:
+        [search] = connections.tools
+        assert search.execute is not None
+        assert await search.execute(
+            ToolCall(tool_call_id="t", tool_name=search.name, input={"query": "q"})
+        ) == {"result": "found: q"}
+    finally:
+        await connections.close()
