@@ -12,6 +12,7 @@ import base64
 import json
 import logging
 import os
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -25,6 +26,7 @@ from pydantic import AnyUrl
 
 from bastion.auth import Principal
 from bastion.credentials import ConnectionAuthorizationRequiredError, CredentialRef
+from bastion.inbox.principal import ContactPrincipal
 from bastion.mcp import McpConnectionDefinition, McpConnectionError, McpTransport, create_mcp_connections
 from bastion.mcp.oauth import (
     AuthorizationCodeRefusedError,
@@ -188,10 +190,36 @@ async def test_a_connected_user_calls_the_protected_server_with_their_own_token(
     assert await pending_rows(migrated_database.admin_dsn, alice) == 0
 
 
-async def test_a_user_who_never_connected_is_asked_to(oauth: McpOAuth, servers: OAuthServers) -> None:
+async def test_a_user_who_never_connected_is_asked_to_and_can_be_sent_to_sign_in(
+    oauth: McpOAuth, servers: OAuthServers
+) -> None:
     with pytest.raises(McpConnectionError) as raised:
         await search(oauth, principal(), servers)
-    assert raised.value.code == "authorization_required"
+    assert (raised.value.code, raised.value.can_authorize) == ("authorization_required", True)
+
+
+async def test_a_connection_that_is_not_interactive_keeps_answering_authorization_required(
+    oauth_pool: AsyncConnectionPool[Any], oauth_keys: CredentialKeyring, servers: OAuthServers
+) -> None:
+    connection = McpOAuthConnection(
+        name=NAME, server_url=servers.mcp_url, redirect_uri=REDIRECT, interactive=False
+    )
+    oauth = build_oauth(oauth_pool, oauth_keys, servers, connection=connection)
+    with pytest.raises(McpConnectionError) as raised:
+        await search(oauth, principal(), servers)
+    assert (raised.value.code, raised.value.can_authorize) == ("authorization_required", False)
+
+
+async def test_a_contact_is_never_offered_to_sign_in(oauth: McpOAuth, servers: OAuthServers) -> None:
+    contact = ContactPrincipal(
+        tenant_id="tenant-a", contact_id=str(uuid.uuid4()), conversation_id=str(uuid.uuid4())
+    )
+    definition: McpConnectionDefinition[Any] = McpConnectionDefinition(
+        name=NAME, transport=McpTransport(type="http", url=servers.mcp_url), auth=oauth.auth(NAME)
+    )
+    with pytest.raises(McpConnectionError) as raised:
+        await create_mcp_connections([definition], context=contact)
+    assert (raised.value.code, raised.value.can_authorize) == ("authorization_required", False)
 
 
 async def test_the_callback_may_land_on_another_worker(

@@ -57,6 +57,8 @@ class McpConnectionError(ToolError):
     `cleanup_failed`. `reason` says which check or step failed within it (for example `timeout`,
     `tool_error`, `credential_refused`, `alias_outside_allowlist`).
     It is a `ToolError`, so when a call fails its message is what the model and the UI are shown.
+    `can_authorize` says that an `authorization_required` user can be sent to sign in right away
+    (an interactive OAuth connection, `bastion.mcp.oauth`, in a signed-in user's turn).
     """
 
     def __init__(
@@ -67,8 +69,10 @@ class McpConnectionError(ToolError):
         connection: str | None,
         tool: str | None = None,
         detail: str | None = None,
+        can_authorize: bool = False,
     ) -> None:
         self.code: McpErrorCode = code
+        self.can_authorize = can_authorize
         self.reason: McpErrorReason = reason
         self.connection = connection
         self.tool = tool

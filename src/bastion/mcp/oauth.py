@@ -308,11 +308,20 @@ class McpOAuth:
         return pending
 
     def auth(self, name: str) -> Callable[[Principal], Awaitable[dict[str, str]]]:
-        """The headers resolver for the connection's `McpConnectionDefinition.auth`."""
-        self.connection(name)
+        """The headers resolver for the connection's `McpConnectionDefinition.auth`: the signed-in user's
+        access token, or `ConnectionAuthorizationRequiredError` (`can_authorize` for an interactive
+        connection in a signed-in user's turn; never for a context that is not a `Principal`)."""
+        connection = self.connection(name)
 
         async def headers(principal: Principal) -> dict[str, str]:
-            return {"Authorization": f"Bearer {await self._access_token(principal, name)}"}
+            if not isinstance(principal, Principal):  # a job or a contact: nobody to sign in
+                raise ConnectionAuthorizationRequiredError(name)
+            try:
+                return {"Authorization": f"Bearer {await self._access_token(principal, name)}"}
+            except ConnectionAuthorizationRequiredError:
+                raise ConnectionAuthorizationRequiredError(
+                    name, can_authorize=connection.interactive
+                ) from None
 
         return headers
 
