@@ -55,7 +55,7 @@ _CALLS: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = 
         ("bastion.hooks:h",),
         {"partition_concurrency": 1, "polling_interval_sec": 0.1},
     ),
-    # durable/turns.py: the turn workflow and its retention.
+    # chat/durable_turns.py: the turn workflow and its retention.
     "DBOS.start_workflow_async(workflow, input)": (DBOS.start_workflow_async, (lambda _: None, {}), {}),
     "DBOS.list_workflows_async(name=, status=, completed_before=, load_input=, load_output=)": (
         DBOS.list_workflows_async,
@@ -125,7 +125,7 @@ _CONFIG_KEYS = {
 # Every status DBOS gives a workflow. bastion's SQL and filters sort them into unfinished (ENQUEUED,
 # PENDING) and ended (the rest but DELAYED, which only `delay_seconds`, unused by bastion, produces):
 # a status added or gone needs a look at `hooks/delivery_status.py`, `hooks/retention.py`,
-# `hooks/delivery.py` (`_IN_FLIGHT`) and `durable/turns.py` (`prune_finished_turns`).
+# `hooks/delivery.py` (`_IN_FLIGHT`) and `chat/durable_turns.py` (`prune_finished_turns`).
 _STATUSES = {
     "ENQUEUED",
     "PENDING",

@@ -19,7 +19,9 @@ import pytest
 import uvicorn
 
 from bastion import define_agent
-from bastion.durable import DurableEngine, DurableTurnError, prune_finished_turns, turn_workflow_id
+from bastion.chat.durable_turns import DurableTurnError, prune_finished_turns, turn_workflow_id
+from bastion.chat.endpoint import ChatEndpoint, chat_routes
+from bastion.durable import DurableEngine
 from bastion.persistence import RunInput, RunOutcome, ToolOperation
 from bastion.stores import (
     ConversationBusyError,
@@ -29,7 +31,6 @@ from bastion.stores import (
     ToolOperationUncertainError,
     TurnContext,
 )
-from bastion.stores.chat import ChatEndpoint, chat_routes
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
 from tests.durable_cluster import free_port, until, user_message

@@ -44,16 +44,17 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRe
 from bastion._cancel import AgentCancelledError
 from bastion._loop import ExecuteToolHook
 from bastion.auth import Principal
+from bastion.chat.stream_response import AgentStreamResponse, TurnRunner
+from bastion.chat.turn import ChatTurn
 from bastion.persistence import AgentRun, RunStart
 from bastion.stores.entities import StoreIdentity, TurnContext, TurnState
 from bastion.stores.live import ChunkLog
 from bastion.stores.postgres import PostgresAgentPersistence, PostgresStore
-from bastion.stream import AgentStreamResponse, TurnRunner
 from bastion.tools import CallOrigin
 
 if TYPE_CHECKING:
+    from bastion.chat.endpoint import ChatEndpoint
     from bastion.durable.engine import DurableEngine
-    from bastion.stores.chat import ChatEndpoint, ChatTurn
 
 __all__ = ["DurableTurnError", "DurableTurns", "prune_finished_turns", "turn_workflow_id"]
 
@@ -168,8 +169,6 @@ class DurableTurns:
 
     async def take_over(self, workflow_input: dict[str, Any]) -> str:
         """The recovery path: rebuild the turn from its input, adopt its run and run it headless."""
-        from bastion.stores.chat import ChatTurn
-
         principal = _principal(workflow_input["principal"])
         identity = StoreIdentity.from_principal(principal)
         turn = ChatTurn(

@@ -35,7 +35,7 @@ __all__ = [
     "create_agent_stream_response",
 ]
 
-logger = logging.getLogger("bastion.stream")
+logger = logging.getLogger("bastion.stream")  # Its name from before the move, which log settings name.
 
 DEFAULT_ERROR_TEXT: Final = "Unable to generate a response. Try again."
 

@@ -20,7 +20,6 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Final, Generic, Protocol, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,36 +27,33 @@ from pydantic_ai.models import KnownModelName, Model
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from bastion._loop import ExecuteToolHook, ModelSteps
 from bastion.agent import Agent
 from bastion.api import EventStream, StrictModel, json_response, operation
 from bastion.auth import Principal
-from bastion.chat_request import UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END, ChatRequest
+from bastion.chat.request import UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END, ChatRequest
+from bastion.chat.stream_response import (
+    UI_MESSAGE_STREAM_HEADERS,
+    AgentStreamResponse,
+    StreamStatus,
+    create_agent_stream_response,
+)
+from bastion.chat.turn import ChatTurn, DurableTurnHooks
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
 from bastion.stores._turns import check_storable_message
 from bastion.stores.entities import Conversation, StoreIdentity, TurnContext, TurnState
 from bastion.stores.errors import InvalidInputError, NotFoundError
 from bastion.stores.live import ChunkLog, LiveTurns, StreamSuperseded
-from bastion.stream import (
-    UI_MESSAGE_STREAM_HEADERS,
-    AgentStreamResponse,
-    StreamStatus,
-    TurnRunner,
-    create_agent_stream_response,
-)
 from bastion.worker import RequestContext, Route
 
 if TYPE_CHECKING:
+    from bastion.chat.durable_turns import DurableTurns
     from bastion.durable import DurableEngine
-    from bastion.durable.turns import DurableTurns
 
 __all__ = [
     "ChatEndpoint",
     "ChatStore",
-    "ChatTurn",
     "ContextFactory",
-    "DurableTurnHooks",
     "LiveTurnStore",
     "ResumeQuery",
     "StopResult",
@@ -66,22 +62,10 @@ __all__ = [
 
 ContextT = TypeVar("ContextT")
 
-logger = logging.getLogger("bastion.stores.chat")
+logger = logging.getLogger("bastion.stores.chat")  # Its name from before the move, which log settings name.
 
 TITLE_LENGTH: Final = 80
 _SETTLE_POLL_SECONDS: Final = 0.05
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ChatTurn:
-    """One chat turn: the verified caller, their store identity, the conversation they chat in and the
-    run the turn claimed (`run_id` keys the turn's operations, such as the memories it writes)."""
-
-    principal: Principal
-    identity: StoreIdentity
-    conversation_id: str
-    request_id: str
-    run_id: str
 
 
 ContextFactory: TypeAlias = Callable[[ChatTurn], "ContextT | Awaitable[ContextT]"]
@@ -107,31 +91,6 @@ class LiveTurnStore(Protocol):
     """A store whose turns can be stopped and their streams resumed, from any process."""
 
     def live_turns(self) -> LiveTurns: ...
-
-
-class DurableTurnHooks(Protocol):
-    """What a durable turn (`bastion.durable.turns`) adds to `ChatEndpoint.open_turn`."""
-
-    @property
-    def message_id(self) -> str:
-        """The response message's id, the same in every execution of the turn."""
-
-    @property
-    def steps(self) -> ModelSteps:
-        """Runs the turn's model requests as durable steps."""
-
-    @property
-    def runner(self) -> TurnRunner | None:
-        """Runs the turn inside its workflow."""
-
-    def attach(self, log: ChunkLog | None) -> None:
-        """The turn's stream log, once it exists."""
-
-    def execute_tool(self, hook: ExecuteToolHook) -> ExecuteToolHook:
-        """The tool hook wrapping the run's own."""
-
-    async def before_save(self) -> None:
-        """Called just before the turn's response message is saved."""
 
 
 class StopResult(StrictModel):
@@ -186,7 +145,7 @@ class ChatEndpoint(Generic[ContextT]):
         self.live: LiveTurns | None = live_turns() if callable(live_turns) else None
         self.durable: DurableTurns | None = None
         if durable is not None:
-            from bastion.durable.turns import DurableTurns
+            from bastion.chat.durable_turns import DurableTurns
 
             self.durable = DurableTurns(self, durable, name=durable_name)
 
@@ -407,7 +366,7 @@ def chat_routes(
     `durable` (a launched `bastion.durable.DurableEngine`, Postgres store only) runs every turn as
     a durable workflow: when its process dies, a live one takes it over and finishes it from its
     last completed model request (`durable_name` names the endpoint across processes; default
-    from the agent's name and the path). See `bastion.durable.turns`.
+    from the agent's name and the path). See `bastion.chat.durable_turns`.
     """
     return ChatEndpoint(
         agent=agent,

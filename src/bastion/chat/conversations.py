@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from bastion.api import InvalidRequestError, StrictModel, json_body, json_response, operation
 from bastion.auth import Principal
-from bastion.chat_request import UUID_PATTERN, UIMessage
+from bastion.chat.request import UUID_PATTERN, UIMessage
 from bastion.errors import BastionError
 from bastion.stores._turns import MAX_TITLE
 from bastion.stores.entities import (
