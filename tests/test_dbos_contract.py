@@ -108,6 +108,18 @@ _CALLS: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = 
     "DBOSClient.delete_workflows_async(ids)": (DBOSClient.delete_workflows_async, (None, ["id"]), {}),
     "DBOSClient.cancel_workflows_async(ids)": (DBOSClient.cancel_workflows_async, (None, ["id"]), {}),
     "DBOSClient.destroy()": (DBOSClient.destroy, (None,), {}),
+    # retention.py: the cluster-wide schedule and its workflow's shape, (scheduled time, context).
+    "DBOS.apply_schedules_async([schedule])": (
+        DBOS.apply_schedules_async,
+        ([{"schedule_name": "bastion.retention", "workflow_fn": None, "schedule": "0 */10 * * * *"}],),
+        {},
+    ),
+    "DBOS.list_schedules_async(schedule_name_prefix=)": (
+        DBOS.list_schedules_async,
+        (),
+        {"schedule_name_prefix": "bastion.retention"},
+    ),
+    "DBOS.delete_schedule_async(name)": (DBOS.delete_schedule_async, ("bastion.retention",), {}),
 }
 
 # The keys of the `DBOSConfig` the engine launches with (`_launch_dbos`).
@@ -156,6 +168,14 @@ _ENQUEUE_POSITIONAL = [
 ]
 _ENQUEUE_NAMED = [("workflow_id", "text"), ("app_version", "text"), ("queue_partition_key", "text")]
 _ENQUEUE_NAMED += [("application_name", "text")]
+
+
+def test_a_schedule_entry_takes_the_keys_retention_passes() -> None:
+    """(DBOS names each firing `sched-<schedule>-<time>`, so a period runs once however many processes
+    serve: tests/test_retention.py finds retention's runs by that prefix.)"""
+    from dbos._dbos import ScheduleInput
+
+    assert {"schedule_name", "workflow_fn", "schedule"} <= set(ScheduleInput.__annotations__)
 
 
 @pytest.mark.parametrize("call", list(_CALLS))
