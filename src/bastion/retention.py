@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from dbos import DBOS
 
-from bastion.durable.turns import prune_finished_turns
+from bastion.chat.durable_turns import prune_finished_turns
 from bastion.hooks import PostgresHookOutbox, Pruned, prune_deliveries, prune_outbox
 from bastion.inbox.replies import REPLY_WORKFLOW
 
