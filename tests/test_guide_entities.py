@@ -19,9 +19,9 @@ from tests.scripted import ScriptedModel
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def guide_example(name: str) -> dict[str, Any]:
-    """The namespace of the conversations page's `py` block that defines `name`."""
-    readme = (ROOT / "docs" / "conversations.md").read_text()
+def guide_example(name: str, page: str = "conversations.md") -> dict[str, Any]:
+    """The namespace of the guide page's `py` block that defines `name`."""
+    readme = (ROOT / "docs" / page).read_text()
     [block] = [b for b in re.findall(r"```py\n(.*?)```", readme, flags=re.DOTALL) if f"def {name}(" in b]
     namespace: dict[str, Any] = {}
     exec(block, namespace)
