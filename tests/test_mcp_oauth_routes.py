@@ -141,12 +141,12 @@ async def test_the_routes_need_a_signed_in_user_and_a_known_connection(users: Us
     assert malformed.status_code == 400
 
 
-async def test_the_readme_connection_signs_a_user_in_and_pins_its_tools(
+async def test_the_guides_connection_signs_a_user_in_and_pins_its_tools(
     oauth_pool: AsyncConnectionPool[Any], oauth_keys: CredentialKeyring, servers: OAuthServers
 ) -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "mcp.md").read_text()
     [block] = [
-        b for b in re.findall(r"```py\n(.*?)```", readme, flags=re.DOTALL) if "def docs_connection(" in b
+        b for b in re.findall(r"```py\n(.*?)```", guide, flags=re.DOTALL) if "def docs_connection(" in b
     ]
     namespace: dict[str, Any] = {}
     exec(block, namespace)
