@@ -37,6 +37,7 @@ from bastion.mcp.oauth import (
     McpOAuth,
     McpOAuthConnection,
 )
+from bastion.stores import StoreIdentity
 from bastion.stores.credentials import CredentialKeyring, PostgresCredentialProvider
 from bastion.tools import ToolCall
 from tests.conftest import MigratedDatabase
@@ -71,7 +72,9 @@ def oauth(
 
 async def connect(oauth: McpOAuth, who: Principal) -> None:
     answer = await sign_in(await oauth.start(who, NAME, conversation_id="c1", tool_call_id="call-1"))
-    await oauth.complete(who, NAME, state=answer["state"], code=answer["code"])
+    pending = await oauth.complete(who, NAME, state=answer["state"], code=answer["code"])
+    # The callback says which conversation and call waited for it, so the paused turn can resume.
+    assert (pending.connection, pending.conversation_id, pending.tool_call_id) == (NAME, "c1", "call-1")
 
 
 async def search(oauth: McpOAuth, who: Principal, servers: OAuthServers) -> Any:
@@ -403,3 +406,32 @@ async def test_disconnect_deletes_the_tokens_and_revokes_them_at_the_server(
     assert status.status == "not_connected"
     with pytest.raises(McpConnectionError):
         await search(oauth, alice, servers)
+
+
+# Row-level security
+
+
+async def as_direct_client(dsn: str, who: Principal, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    """What a user's own client with a valid token (a Data API: `authenticated` only) gets."""
+    claims = StoreIdentity(user_id=who.id).database_claims()
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await conn.execute(
+            "select set_config('role', 'authenticated', true), set_config('request.jwt.claims', %s, true)",
+            (claims,),
+        )
+        cursor = await conn.execute(sql, params)
+        return await cursor.fetchall()
+
+
+async def test_a_users_own_client_sees_neither_their_pending_sign_ins_nor_their_tokens(
+    oauth: McpOAuth, migrated_database: MigratedDatabase
+) -> None:
+    alice = principal()
+    await oauth.start(alice, NAME)
+    assert await pending_rows(migrated_database.admin_dsn, alice) == 1
+    direct = migrated_database.direct_dsn
+    assert await as_direct_client(direct, alice, "select * from bastion.mcp_oauth_authorizations") == []
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        await as_direct_client(direct, alice, "select * from bastion.mcp_tools")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        await as_direct_client(direct, alice, "select bastion.mcp_check_tools('a', 'b', 'accept', '[]')")
