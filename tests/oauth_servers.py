@@ -78,6 +78,7 @@ class InMemoryAuthorizationServer:
         self.refuse_sign_in = False
         self.issue_for_resource: str | None = None
         self.refresh_delay = 0.0
+        self.exchange_delay = 0.0
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
         return self.clients.get(client_id)
@@ -114,6 +115,8 @@ class InMemoryAuthorizationServer:
         self, client: OAuthClientInformationFull, authorization_code: AuthorizationCode
     ) -> OAuthToken:
         self.codes.pop(authorization_code.code, None)
+        if self.exchange_delay:
+            time.sleep(self.exchange_delay)  # the server thread stalls, as a slow server would
         with self.log.lock:
             self.log.codes_exchanged += 1
         return self._issue(

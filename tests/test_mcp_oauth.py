@@ -31,9 +31,11 @@ from bastion.mcp import McpConnectionDefinition, McpConnectionError, McpTranspor
 from bastion.mcp.oauth import (
     AuthorizationCodeRefusedError,
     AuthorizationDeniedError,
+    AuthorizationIssuerMismatchError,
     AuthorizationResourceMismatchError,
     AuthorizationStateExpiredError,
     AuthorizationStateInvalidError,
+    AuthorizationUnavailableError,
     McpOAuth,
     McpOAuthConnection,
 )
@@ -61,6 +63,7 @@ def reset_servers(servers: OAuthServers) -> None:
     server.refuse_sign_in = False
     server.issue_for_resource = None
     server.refresh_delay = 0.0
+    server.exchange_delay = 0.0
 
 
 @pytest.fixture
@@ -303,6 +306,35 @@ async def test_tokens_issued_for_another_resource_are_refused_and_stored_nowhere
     with pytest.raises(AuthorizationResourceMismatchError) as raised:
         await oauth.complete(alice, NAME, state=answer["state"], code=answer["code"])
     assert raised.value.code == "authorization_resource_mismatch"
+    assert await stored_tokens(migrated_database.admin_dsn, alice) == []
+
+
+async def test_an_answer_naming_another_issuer_is_refused_and_stores_nothing(
+    oauth: McpOAuth, migrated_database: MigratedDatabase
+) -> None:
+    alice = principal()
+    answer = await sign_in(await oauth.start(alice, NAME))
+    with pytest.raises(AuthorizationIssuerMismatchError) as raised:
+        await oauth.complete(
+            alice, NAME, state=answer["state"], code=answer["code"], iss="http://127.0.0.1:9"
+        )
+    assert raised.value.code == "authorization_issuer_mismatch"
+    assert await stored_tokens(migrated_database.admin_dsn, alice) == []
+
+
+async def test_a_token_endpoint_that_does_not_answer_in_time_is_a_stable_error(
+    oauth_pool: AsyncConnectionPool[Any],
+    oauth_keys: CredentialKeyring,
+    servers: OAuthServers,
+    migrated_database: MigratedDatabase,
+) -> None:
+    oauth = build_oauth(oauth_pool, oauth_keys, servers, timeout=0.3)
+    alice = principal()
+    answer = await sign_in(await oauth.start(alice, NAME))
+    servers.authorization.exchange_delay = 1.0
+    with pytest.raises(AuthorizationUnavailableError) as raised:
+        await oauth.complete(alice, NAME, state=answer["state"], code=answer["code"])
+    assert (raised.value.code, raised.value.status) == ("authorization_unavailable", 502)
     assert await stored_tokens(migrated_database.admin_dsn, alice) == []
 
 

@@ -286,9 +286,13 @@ class McpOAuth:
             client_name=connection.client_name,
             state=flow,
         )
-        async with httpx2.AsyncClient(timeout=self._timeout) as client:
-            response = await client.send(await provider.token_request(code, flow.code_verifier))
-            await response.aread()
+        try:
+            async with httpx2.AsyncClient(timeout=self._timeout) as client:
+                response = await client.send(await provider.token_request(code, flow.code_verifier))
+                await response.aread()
+        except httpx2.HTTPError:
+            logger.warning("The %s connection's token endpoint could not be reached.", name)
+            raise AuthorizationUnavailableError(f"The {name} connection cannot be reached.") from None
         if response.status_code != 200:
             raise AuthorizationCodeRefusedError(f"The {name} connection refused the sign-in.")
         if not _for_resource(response, provider.resource):
