@@ -31,6 +31,7 @@ from bastion.stores.tool_pins import PostgresToolPins
 from bastion.tools import Tool, ToolCall
 from bastion.worker import create_agent_worker
 from tests.live_server import live_server
+from tests.oauth_db import principal
 from tests.pg import ClusterDatabase
 from tests.supabase_tokens import SigningKeys, es256, user_claims
 
@@ -78,12 +79,12 @@ def pins(pool: AsyncConnectionPool[Any], policy: ToolPinPolicy = "hold") -> Post
     return PostgresToolPins(pool, application=f"app-{uuid.uuid4()}", policy=policy)
 
 
-async def offered(pins: PostgresToolPins, url: str) -> dict[str, str]:
+async def offered(pins: PostgresToolPins, url: str, *, context: Any = None) -> dict[str, str]:
     """One turn's discovery: the tools the agent is offered, with their descriptions."""
-    definition: McpConnectionDefinition[None] = McpConnectionDefinition(
+    definition: McpConnectionDefinition[Any] = McpConnectionDefinition(
         name="docs", transport=McpTransport(type="http", url=url), tool_pins=pins
     )
-    connections = await create_mcp_connections([definition], context=None)
+    connections = await create_mcp_connections([definition], context=context)
     try:
         return {tool.name.removeprefix("docs__"): tool.description for tool in connections.tools}
     finally:
@@ -120,6 +121,20 @@ async def test_a_changed_description_is_held_until_an_administrator_approves_it(
     assert await offered(approved, url) == {"search": POISONED, "fetch": "Fetch a document."}
     [decided] = await approved.changes(status="approved")
     assert decided.decided_by == "admin@example.com"
+
+
+async def test_a_change_records_the_user_whose_turn_saw_it(
+    pool: AsyncConnectionPool[Any], server: Any
+) -> None:
+    mcp, url = server
+    approved = pins(pool)
+    await offered(approved, url)
+    change_search(mcp, POISONED)
+    alice = principal()
+    await offered(approved, url, context=alice)
+    [change] = await approved.changes()
+    assert change.detected_by == alice.id
+    assert change.detected_at is not None and change.decided_at is None
 
 
 async def test_a_refused_change_stays_out(pool: AsyncConnectionPool[Any], server: Any) -> None:
