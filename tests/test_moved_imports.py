@@ -280,7 +280,7 @@ MOVED_NAMES = {
     },
     **{
         ("bastion.durable", name): "bastion.chat.durable_turns"
-        for name in ("DurableTurnError", "DurableTurns", "prune_finished_turns", "turn_workflow_id")
+        for name in ("DurableTurns", "prune_finished_turns")
     },
 }
 

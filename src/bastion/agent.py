@@ -21,7 +21,8 @@ from pydantic_ai.settings import ModelSettings
 
 from bastion._cancel import AgentCancelledError
 from bastion._extras import infer_model
-from bastion._loop import AgentStreamResult, ExecuteToolHook, ModelSteps, TurnPlan
+from bastion._loop import AgentStreamResult
+from bastion._turn_plan import ExecuteToolHook, ModelSteps, TurnPlan
 from bastion._ui_messages import UIMessage, to_model_messages
 from bastion.policies import (
     ToolPolicy,
