@@ -41,9 +41,10 @@ from bastion.chat.turn import ChatTurn, DurableTurnHooks
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
 from bastion.stores._turns import check_storable_message
-from bastion.stores.entities import Conversation, StoreIdentity, TurnContext, TurnState
+from bastion.stores.entities import StoreIdentity, TurnContext, TurnState
 from bastion.stores.errors import InvalidInputError, NotFoundError
 from bastion.stores.live import ChunkLog, LiveTurns, StreamSuperseded
+from bastion.stores.protocol import Store
 from bastion.worker import RequestContext, Route
 
 if TYPE_CHECKING:
@@ -72,19 +73,8 @@ ContextFactory: TypeAlias = Callable[[ChatTurn], "ContextT | Awaitable[ContextT]
 ModelChoice: TypeAlias = "Model | KnownModelName | str"
 
 
-class ChatStore(Protocol):
-    """What the chat route needs of a store (`PostgresStore` and `SqliteStore` both are one)."""
-
-    def persistence(self, *, history_window: int = 100) -> AgentPersistence[TurnContext, TurnState]: ...
-
-    async def create_conversation(
-        self,
-        identity: StoreIdentity,
-        *,
-        title: str | None = None,
-        conversation_id: str | None = None,
-        agent_name: str | None = None,
-    ) -> Conversation[Any]: ...
+# What the chat route needs of a store: the one `Store` protocol both stores implement.
+ChatStore: TypeAlias = Store
 
 
 class LiveTurnStore(Protocol):

@@ -17,16 +17,17 @@ import secrets
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol, TypeVar, overload
+from typing import Any, Final, Literal, TypeAlias, TypeVar, overload
 
 from pydantic_ai.models import KnownModelName, Model
 from pydantic_ai.settings import ModelSettings
 
 from bastion._ui_assembly import UIMessage, UIMessageAssembler, to_client_json
 from bastion.agent import Agent
-from bastion.persistence import AgentPersistence, RunStatus, start_agent_run
-from bastion.stores.entities import Conversation, StoreIdentity, TurnContext, TurnState
+from bastion.persistence import RunStatus, start_agent_run
+from bastion.stores.entities import StoreIdentity, TurnContext
 from bastion.stores.errors import NotFoundError
+from bastion.stores.protocol import Store
 
 __all__ = ["AgentRunContext", "AgentRunResult", "ConversationNotFoundError", "RunStore", "run_agent"]
 
@@ -41,23 +42,8 @@ class ConversationNotFoundError(NotFoundError):
     default_message = "The conversation was not found."
 
 
-class RunStore(Protocol):
-    """What `run_agent` needs of a store (`PostgresStore` and `SqliteStore` both are one)."""
-
-    async def create_conversation(
-        self,
-        identity: StoreIdentity,
-        *,
-        title: str | None = None,
-        conversation_id: str | None = None,
-        agent_name: str | None = None,
-        state: object = None,
-        columns: Mapping[str, object] | None = None,
-    ) -> Conversation[Any]: ...
-
-    async def get_conversation(self, identity: StoreIdentity, conversation_id: str) -> Conversation[Any]: ...
-
-    def persistence(self, *, history_window: int = 100) -> AgentPersistence[TurnContext, TurnState]: ...
+# What `run_agent` needs of a store: the one `Store` protocol both stores implement.
+RunStore: TypeAlias = Store
 
 
 @dataclass(frozen=True, kw_only=True)
