@@ -18,6 +18,7 @@ __all__ = [
     "TOOL_RESULT_FIELDS",
     "Chunk",
     "InvalidUIMessageChunkError",
+    "UIMessage",
     "close_open_parts",
     "tool_input_error_chunk",
     "validate_chunk",
@@ -25,6 +26,9 @@ __all__ = [
 
 # One UI message stream chunk in the AI SDK's wire shape (`{"type": "text-delta", ...}`).
 Chunk = dict[str, Any]
+# One AI SDK UI message as the runtime handles it (`id`, `role`, `parts`, …); requests validate its
+# shape with `bastion.chat.request.UIMessage`.
+UIMessage = dict[str, Any]
 
 
 class InvalidUIMessageChunkError(Exception):

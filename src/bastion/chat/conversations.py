@@ -244,9 +244,7 @@ def conversation_routes(
 
     def route(method: str, path: str, name: str, handler: Any) -> Route:
         async def allowed(request: Request, context: RequestContext) -> None:
-            if context.principal is None:
-                raise RuntimeError("A user route ran without a verified principal.")
-            await rules.check(context.principal, name)
+            await rules.check(context.require_principal(), name)
 
         return Route(method=method, path=path, auth="user", handler=handler, authorize=allowed)
 
@@ -269,9 +267,7 @@ class _ConversationHandlers:
 
     @staticmethod
     def _identity(context: RequestContext) -> StoreIdentity:
-        if context.principal is None:
-            raise RuntimeError("A user route ran without a verified principal.")
-        return StoreIdentity.from_principal(context.principal)
+        return StoreIdentity.from_principal(context.require_principal())
 
     @operation(query=ConversationsQuery, responses={200: ConversationList}, errors=(403,))
     async def list_conversations(

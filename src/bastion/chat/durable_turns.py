@@ -43,6 +43,7 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRe
 
 from bastion._cancel import AgentCancelledError
 from bastion._turn_plan import ExecuteToolHook
+from bastion._ui_chunks import Chunk
 from bastion.auth import Principal
 from bastion.chat.stream_response import AgentStreamResponse, TurnRunner
 from bastion.chat.turn import ChatTurn, TurnOpener
@@ -68,8 +69,6 @@ __all__ = ["DurableTurnError", "DurableTurns", "prune_finished_turns", "turn_wor
 logger = logging.getLogger("bastion.durable")
 
 _IDS: Final = uuid.UUID("0f3c2d9a-41b7-4e0c-8a5e-6b1d7c2e9f48")
-
-Chunk = dict[str, Any]
 
 
 async def prune_finished_turns(store: PostgresStore, *, older_than: timedelta) -> tuple[int, int]:

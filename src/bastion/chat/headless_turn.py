@@ -22,7 +22,8 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar, overload
 from pydantic_ai.models import KnownModelName, Model
 from pydantic_ai.settings import ModelSettings
 
-from bastion._ui_assembly import UIMessage, UIMessageAssembler, to_client_json
+from bastion._ui_assembly import UIMessageAssembler, to_client_json
+from bastion._ui_chunks import UIMessage
 from bastion.agent import Agent
 from bastion.persistence import RunStatus, start_agent_run
 from bastion.stores.entities import StoreIdentity, TurnContext

@@ -55,7 +55,7 @@ from bastion.stores.filters import (
     InvalidFilterError,
     conversation_cursor,
 )
-from bastion.stores.protocol import Store
+from bastion.stores.protocol import LiveTurnStore, Store
 from bastion.stores.schema import ConversationSchema, InvalidStateError
 from bastion.stores.sqlite import SqliteAgentPersistence, SqliteStore
 
@@ -107,6 +107,7 @@ __all__ = [
     "InvalidFilterError",
     "InvalidInputError",
     "InvalidStateError",
+    "LiveTurnStore",
     "Migration",
     "MigrationChangedError",
     "NotFoundError",

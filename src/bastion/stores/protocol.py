@@ -8,7 +8,7 @@ application's own satisfies this protocol to be served the same way.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from bastion.persistence import AgentPersistence
 from bastion.stores.entities import (
@@ -22,9 +22,10 @@ from bastion.stores.entities import (
     TurnState,
 )
 from bastion.stores.filters import ConversationFilter
+from bastion.stores.live import LiveTurns
 from bastion.stores.schema import ConversationSchema
 
-__all__ = ["Store"]
+__all__ = ["LiveTurnStore", "Store"]
 
 
 class Store(Protocol):
@@ -90,6 +91,14 @@ class Store(Protocol):
         self, identity: StoreIdentity, conversation_id: str, *, after: int = 0, limit: int = 100
     ) -> list[RunEvent]:
         """The conversation's run events with a cursor greater than `after`, in order."""
+
+
+@runtime_checkable
+class LiveTurnStore(Protocol):
+    """A store whose turns can be stopped and their streams resumed, from any process (`PostgresStore`)."""
+
+    def live_turns(self) -> LiveTurns:
+        """Stream logs, followers and stop requests of the store's running turns."""
 
 
 if TYPE_CHECKING:
