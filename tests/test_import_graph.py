@@ -51,6 +51,7 @@ LAYERS: list[set[str]] = [
     {"bastion.stores", "bastion.durable", "bastion._turn_plan"},
     {"bastion._loop"},
     {"bastion.agent", "bastion.memory", "bastion.sqlalchemy", "bastion.hooks"},
+    {"bastion._assembled_turn"},
     # A turn over HTTP and its orchestration; the inbox; the public facade.
     {"bastion.chat", "bastion.inbox", "bastion"},
     {"bastion.client"},

@@ -22,7 +22,8 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar, overload
 from pydantic_ai.models import KnownModelName, Model
 from pydantic_ai.settings import ModelSettings
 
-from bastion._ui_assembly import UIMessageAssembler, to_client_json
+from bastion._assembled_turn import stream_into
+from bastion._ui_assembly import UIMessageAssembler
 from bastion._ui_chunks import UIMessage
 from bastion.agent import Agent
 from bastion.persistence import RunStatus, start_agent_run
@@ -192,22 +193,20 @@ async def run_agent(
         identity=identity, conversation_id=conversation_id, store=store, model=model
     )
     assembler = UIMessageAssembler({"id": secrets.token_hex(8), "role": "assistant", "parts": []})
-    session = None
     try:
-        session = await agent.prepare(
+        result = await stream_into(
+            assembler,
+            agent,
             context=context(run_context) if context is not None else run_context,
+            model=model,
+            messages=run.messages,
             execute_tool=run.execute_tool,
+            model_settings=model_settings,
         )
-        result = await session.stream(model=model, messages=run.messages, model_settings=model_settings)
-        async for chunk in result:
-            assembler.apply(to_client_json(chunk)[1])
     except BaseException:
         partial = assembler.assembled_message()
         await run.finish(response_message=partial if partial["parts"] else None, status="failed")
         raise
-    finally:
-        if session is not None:
-            await session.close()
     status: Literal["completed", "cancelled"] = "cancelled" if result.cancelled else "completed"
     reply = assembler.assembled_message()
     await run.finish(response_message=reply, status=status)
