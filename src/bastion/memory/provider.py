@@ -20,7 +20,7 @@ from bastion._cancel import AgentCancelledError
 from bastion.memory._text import check_scope
 from bastion.memory.entities import Recall
 from bastion.memory.extraction import ExtractionRunner, Extractor
-from bastion.memory.postgres import MAX_K, PostgresMemoryStore
+from bastion.memory.postgres import MAX_K, MAX_QUERY_LENGTH, PostgresMemoryStore
 from bastion.memory.tools import memory_tools
 from bastion.stores import StoreIdentity
 from bastion.tools import Tool
@@ -109,7 +109,10 @@ class AgentMemory(Generic[ContextT]):
     async def recall(self, context: ContextT, query: str) -> Recall:
         """This turn's recall for `query` (stored under its operation id); empty without a caller."""
         identity = self.identity(context)
-        if identity is None or not query.strip():
+        # A long message (a pasted document) recalls for its opening: the store takes bounded queries,
+        # and an embedder reads only the start of a long text anyway.
+        query = query.strip()[:MAX_QUERY_LENGTH]
+        if identity is None or not query:
             return Recall()
         operation = self.operation_of(context) or f"unnamed-{uuid.uuid4()}"
         return await self.store.recall(
