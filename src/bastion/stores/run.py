@@ -25,7 +25,7 @@ from pydantic_ai.settings import ModelSettings
 from bastion._ui_assembly import UIMessage, UIMessageAssembler, to_client_json
 from bastion.agent import Agent
 from bastion.persistence import AgentPersistence, RunStatus, start_agent_run
-from bastion.stores.entities import Conversation, StoreIdentity, TurnContext, TurnState
+from bastion.stores.entities import Conversation, StoreIdentity, TurnContext, TurnState, title_from_text
 from bastion.stores.errors import NotFoundError
 
 __all__ = ["AgentRunContext", "AgentRunResult", "ConversationNotFoundError", "RunStore", "run_agent"]
@@ -230,4 +230,4 @@ async def run_agent(
 
 
 def _title(message: str) -> str | None:
-    return " ".join(message.split())[:_TITLE_LENGTH] or None
+    return title_from_text(message, max_length=_TITLE_LENGTH)
