@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 READY = "bastion assistant at"
+STARTED: list[subprocess.Popen[str]] = []
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,11 @@ def data_dir() -> Iterator[Path]:
     # Its own temporary folder: pytest's numbered ones may be pruned by another run on the machine.
     with tempfile.TemporaryDirectory(prefix="bastion-serve-stop-") as folder:
         yield Path(folder)
-        for process in postgres_of(Path(folder)):  # never leave a server behind, whatever a test did
+        for server in STARTED:  # never leave a server behind, whatever a test did
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+        for process in postgres_of(Path(folder)):
             process.kill()
 
 
@@ -73,6 +78,7 @@ def start(data_dir: Path) -> tuple[subprocess.Popen[str], list[str]]:
         text=True,
         env={**os.environ, "BASTION_HOOKS": "off", "BASTION_DURABLE": "off"},
     )
+    STARTED.append(server)
     assert server.stderr is not None
     said: list[str] = []
     deadline = time.monotonic() + 90
