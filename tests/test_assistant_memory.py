@@ -15,6 +15,7 @@ from bastion.assistant.config import AssistantConfig, ConfigError, resolve_embed
 from bastion.assistant.server import running_assistant
 from bastion.memory import OpenAIEmbedder, apply_memory_migrations
 from bastion.memory.postgres import MAX_QUERY_LENGTH
+from bastion.memory.provider import RECALL_QUERY_LENGTH
 from bastion.stores import apply_migrations
 from tests.pg import PostgresCluster
 from tests.test_assistant import Served, chat, free_port, serve_assistant, streamed_text, user_message
@@ -38,7 +39,7 @@ async def test_a_name_told_in_one_conversation_is_recalled_in_a_new_one_and_only
     assert "Your name is Ada" in streamed_text(asked)
     # A message longer than a recall query may be (a pasted document) recalls for its opening.
     pasted = "what is my name? " + "Here is the report. " * 500
-    assert len(pasted) > MAX_QUERY_LENGTH
+    assert len(pasted) > MAX_QUERY_LENGTH > RECALL_QUERY_LENGTH
     asked_at_length = await chat(served, ada, str(uuid.uuid4()), [user_message(pasted)])
     assert "Your name is Ada" in streamed_text(asked_at_length)
     assert not [record for record in caplog.records if record.levelno >= logging.WARNING]

@@ -79,8 +79,9 @@ class ChatRequest(StrictModel):
         latest = self.messages[-1]
         if self.trigger == SUBMIT_MESSAGE and latest["role"] == "user":
             parts: list[Any] = list(latest["parts"])
+            # A text part that is no string is said so by the history's checks, field by field.
             said = any(
-                part.get("type") != "text" or (isinstance(part.get("text"), str) and part["text"].strip())
+                part.get("type") != "text" or not isinstance(part.get("text"), str) or part["text"].strip()
                 for part in parts
             )
             if parts and not said:
