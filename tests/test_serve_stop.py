@@ -97,7 +97,7 @@ def stop(server: subprocess.Popen[str], how: signal.Signals) -> str:
     """Send the signal; the rest of what the server said, once it has exited."""
     server.send_signal(how)
     try:
-        _, rest = server.communicate(timeout=60)
+        _, rest = server.communicate(timeout=120)  # DBOS and Postgres may take a while on a busy machine
     except subprocess.TimeoutExpired:
         server.kill()
         raise
