@@ -452,7 +452,10 @@ async def test_declared_body_over_the_limit_is_413(client: httpx2.AsyncClient, t
     response = await client.post("/echo", headers=bearer(token), content=b"x" * 2048)
 
     assert response.status_code == 413
-    assert response.json()["code"] == "body_too_large"
+    assert response.json() == {
+        "code": "body_too_large",
+        "message": "The request body is too large: this server takes at most 1 KB.",
+    }
 
 
 async def test_streamed_body_over_the_limit_is_413(client: httpx2.AsyncClient, token: str) -> None:
@@ -464,6 +467,7 @@ async def test_streamed_body_over_the_limit_is_413(client: httpx2.AsyncClient, t
 
     assert response.status_code == 413
     assert response.json()["code"] == "body_too_large"
+    assert "at most 1 KB" in response.json()["message"]
 
 
 async def test_body_of_an_unauthenticated_request_is_refused_before_its_size_matters(

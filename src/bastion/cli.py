@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -104,6 +105,11 @@ def _progress(message: str) -> None:
 def _serve(config: AssistantConfig) -> int:
     from bastion.assistant.server import serve
 
+    # `kill` (SIGTERM) and a closed terminal (SIGHUP) stop the server as Ctrl+C does: everything it
+    # started, the embedded database too, is stopped before it exits. (While it serves, uvicorn takes
+    # SIGTERM, shuts down gracefully, then raises it again here.)
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, signal.default_int_handler)
     try:
         asyncio.run(serve(config, progress=_progress))
     except KeyboardInterrupt:

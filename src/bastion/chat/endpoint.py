@@ -40,7 +40,7 @@ from bastion.chat.turn import ChatTurn, DurableTurnHooks
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
 from bastion.stores._turns import check_storable_message
-from bastion.stores.entities import StoreIdentity, TurnContext, TurnState
+from bastion.stores.entities import StoreIdentity, TurnContext, TurnState, title_from_text
 from bastion.stores.errors import InvalidInputError, NotFoundError
 from bastion.stores.live import ChunkLog, LiveTurns, StreamSuperseded
 from bastion.stores.protocol import LiveTurnStore, Store
@@ -391,7 +391,7 @@ def title_from(messages: Sequence[Any]) -> str | None:
                     and isinstance(part.get("text"), str)
                 ):
                     text = " ".join(part["text"].split())
-                    return text[:TITLE_LENGTH] or None
+                    return title_from_text(text, max_length=TITLE_LENGTH)
     return None
 
 

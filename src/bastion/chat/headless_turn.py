@@ -27,7 +27,7 @@ from bastion._ui_assembly import UIMessageAssembler
 from bastion._ui_chunks import UIMessage
 from bastion.agent import Agent
 from bastion.persistence import RunStatus, start_agent_run
-from bastion.stores.entities import StoreIdentity, TurnContext
+from bastion.stores.entities import StoreIdentity, TurnContext, title_from_text
 from bastion.stores.errors import NotFoundError
 from bastion.stores.protocol import Store
 
@@ -216,4 +216,4 @@ async def run_agent(
 
 
 def _title(message: str) -> str | None:
-    return " ".join(message.split())[:_TITLE_LENGTH] or None
+    return title_from_text(message, max_length=_TITLE_LENGTH)
