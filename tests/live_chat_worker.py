@@ -20,8 +20,8 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls
 
 from bastion import AgentTools, define_agent, tool
 from bastion.auth import SupabaseEnv
+from bastion.chat import ChatTurn, chat_routes
 from bastion.stores import PostgresStore
-from bastion.stores.chat import ChatTurn, chat_routes
 from bastion.worker import create_agent_worker
 
 PROJECT_URL = "https://project-ref.supabase.co"

@@ -23,8 +23,8 @@ from pydantic_ai.models.function import FunctionModel
 
 from bastion import define_agent
 from bastion.auth import SupabaseEnv
+from bastion.chat import chat_routes
 from bastion.stores import PostgresStore
-from bastion.stores.chat import chat_routes
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
 from tests.live_chat_worker import PROJECT_URL, paced, tools

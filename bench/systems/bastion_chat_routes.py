@@ -16,8 +16,8 @@ from typing import Any
 from starlette.applications import Starlette
 
 from bastion.auth import Principal, SupabaseEnv
+from bastion.chat import ChatTurn, chat_routes
 from bastion.stores import PostgresStore
-from bastion.stores.chat import ChatTurn, chat_routes
 from bastion.worker import Route, create_agent_worker
 from bench.client import HttpRequest
 from bench.protocol import CHAT_PATH
