@@ -23,8 +23,9 @@ from pydantic_ai.models.function import FunctionModel
 
 from bastion import define_agent
 from bastion.auth import SupabaseEnv
-from bastion.chat import chat_routes
+from bastion.chat import chat_routes, create_agent_stream_response
 from bastion.stores import PostgresStore
+from bastion.stores.live import ChunkBatch, ChunkLog
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
 from tests.live_chat_worker import PROJECT_URL, paced, tools
@@ -186,3 +187,36 @@ async def test_a_follower_attaching_mid_reply_on_another_process_gets_every_chun
     # running worker was still streaming it.
     last = events.index(("posted", deltas))
     assert max((count for reader, count in events[:last] if reader == "followed"), default=0) >= deltas // 2
+
+
+class _Chunks:
+    """A finished turn's chunks, as a session's stream result."""
+
+    finish_reason = "stop"
+    cancelled = False
+
+    def __init__(self, chunks: list[dict[str, Any]]) -> None:
+        self._chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        for chunk in self._chunks:
+            yield chunk
+
+
+async def test_the_log_keeps_each_streamed_chunk_as_the_wire_json_it_was_sent_as() -> None:
+    written: list[ChunkBatch] = []
+
+    async def sink(batch: ChunkBatch) -> bool:
+        written.append(batch)
+        return False
+
+    text = [{"type": "text-delta", "id": "0-0", "delta": f"w{index} "} for index in range(3)]
+    chunks = [{"type": "start-step"}, {"type": "text-start", "id": "0-0"}, *text, {"type": "finish-step"}]
+    log = ChunkLog(sink, interval=3600)
+    response = create_agent_stream_response(_Chunks(chunks), original_messages=[], log=log)
+    await response.run_detached()
+    assert [chunk["type"] for batch in written for chunk in batch.chunks][-1] == "finish"
+    for batch in written:
+        # Each chunk's wire text, kept as it was sent, makes the batch's JSON: nothing encoded again.
+        assert len(batch.encoded) == len(batch.chunks)
+        assert json.loads(batch.json()) == list(batch.chunks)
