@@ -20,8 +20,9 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
+from bastion._ui_chunks import Chunk
 from bastion.stores.entities import StoreIdentity
 
 __all__ = [
@@ -35,7 +36,6 @@ __all__ = [
 
 logger = logging.getLogger("bastion.stores.live")
 
-Chunk = dict[str, Any]
 
 DEFAULT_FLUSH_INTERVAL: Final = 0.05
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
