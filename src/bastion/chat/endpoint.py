@@ -284,12 +284,18 @@ class ChatEndpoint(Generic[ContextT]):
 
     async def _start_turn(self, turn: TurnContext, body: ChatRequest) -> AgentRun[Any, Any]:
         """Claim the turn. A conversation's first message (the AI SDK client sends one message then)
-        creates it for the caller, but only once it is known to be a message a conversation can start
-        with, so a refused request stores nothing."""
+        creates it for the caller before the claim, but only once it is known to be a message a
+        conversation can start with, so a refused request stores nothing (and a new conversation
+        costs no claim refused first)."""
+        first = None
+        if self.create_conversations and len(body.messages) == 1:
+            first = await _starting_message(body)
+            if first is not None:
+                await self._create(turn, first)
         try:
             return await self._claim(turn, body)
         except NotFoundError:
-            if not self.create_conversations or len(body.messages) != 1:
+            if first is not None or not self.create_conversations or len(body.messages) != 1:
                 raise
         await self._create_for_chat(turn, body)
         return await self._claim(turn, body)
@@ -301,8 +307,7 @@ class ChatEndpoint(Generic[ContextT]):
 
     async def _create_for_chat(self, turn: TurnContext, body: ChatRequest) -> None:
         """Create the conversation a valid first message starts. Anything but a new user message speaks
-        of a history that is not there: not found. An id that is taken is left alone: the claim that
-        follows answers 404 for anyone else's conversation."""
+        of a history that is not there: not found."""
         try:
             [first] = await reconcile_agent_messages([], body.messages, trigger=body.trigger)
         except AgentMessagesInvalidError:
@@ -310,6 +315,11 @@ class ChatEndpoint(Generic[ContextT]):
         except AgentHistoryConflictError:
             raise NotFoundError() from None
         check_storable_message(first)
+        await self._create(turn, first)
+
+    async def _create(self, turn: TurnContext, first: Mapping[str, Any]) -> None:
+        """Create the conversation `first` starts. An id that is taken is left alone: the claim that
+        follows answers 404 for anyone else's conversation."""
         with contextlib.suppress(InvalidInputError):
             await self.store.create_conversation(
                 turn.identity,
@@ -317,6 +327,16 @@ class ChatEndpoint(Generic[ContextT]):
                 title=title_from([first]),
                 agent_name=self.agent.name,
             )
+
+
+async def _starting_message(body: ChatRequest) -> Mapping[str, Any] | None:
+    """The request's one message when a conversation can start with it, else None (the claim decides)."""
+    try:
+        [first] = await reconcile_agent_messages([], body.messages, trigger=body.trigger)
+        check_storable_message(first)
+    except (AgentMessagesInvalidError, AgentHistoryConflictError, InvalidInputError):
+        return None
+    return first
 
 
 def chat_routes(
