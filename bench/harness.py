@@ -88,6 +88,7 @@ class Batch:
     turns: int = 0
     deltas: int = 0
     latencies: list[float] = field(default_factory=list)
+    first_deltas: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
     server_cpu_seconds: float = 0.0
@@ -130,7 +131,7 @@ async def _user(
     connection = HttpConnection(port)
     try:
         for _ in range(conversations):
-            chat_id, history = uuid.uuid4().hex, []
+            chat_id, history = str(uuid.uuid4()), []
             for _ in range(turns):
                 history.append(user_message(cell.words))
                 request = system.build_request(chat_id, history, client)
@@ -144,6 +145,8 @@ async def _user(
                     await connection.close()
                     break
                 batch.latencies.append(elapsed)
+                if response.first_delta_at is not None:
+                    batch.first_deltas.append(response.first_delta_at - started)
                 batch.turns += 1
                 batch.deltas += verified.deltas
                 history.append(verified.message)
@@ -172,8 +175,8 @@ def run_benchmark(options: Options, *, progress: Callable[[str], None] = lambda 
                 url = postgres.create_database(databases[name])
             config = ServerConfig(database_url=url, supabase_url=SUPABASE_URL, jwks=project.jwks)
             servers[name] = SystemServer(name, config, workdir)
-        for server in servers.values():
-            server.wait_ready()
+            # One after another: bastion's migrations create roles the cluster's databases share.
+            servers[name].wait_ready()
         batches = asyncio.run(_measure(options, modules, servers, client, postgres, databases, progress))
         roles = {name: str(module.ROLE) for name, module in modules.items()}
         return Run(options, batches, roles, postgres.version if postgres is not None else None)

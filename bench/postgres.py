@@ -9,6 +9,9 @@ so the harness's own queries (run in the `postgres` database) never count:
 - WAL bytes per turn: the write-ahead log the system's statements generated (`wal_bytes`), the bytes
   Postgres must write durably for the turn. `full_page_writes` is off for the run so that whole-page
   images after each checkpoint do not add noise that depends on checkpoint timing.
+- transactions per turn: commits and rollbacks of the system's database (`pg_stat_database`), which
+  Postgres reports some hundred milliseconds late (its statistics are flushed by each backend at most
+  once a second while busy), so a batch's figure can borrow from its neighbours'; the medians hold.
 - rows written per turn: rows affected by INSERT, UPDATE, DELETE and MERGE statements, also those run
   inside a function (`pg_stat_statements.track = all`; bastion writes a turn through SQL functions).
   Statements and WAL count top-level statements only, whose figures include what they call.
@@ -36,7 +39,8 @@ _SETTINGS = {
 _SNAPSHOT = """
 select coalesce(sum(s.calls) filter (where s.toplevel), 0)::bigint,
        coalesce(sum(s.wal_bytes) filter (where s.toplevel), 0)::bigint,
-       coalesce(sum(s.rows) filter (where s.query ~* '^\\s*(insert|update|delete|merge)'), 0)::bigint
+       coalesce(sum(s.rows) filter (where s.query ~* '^\\s*(insert|update|delete|merge)'), 0)::bigint,
+       (select xact_commit + xact_rollback from pg_stat_database where datname = %s)::bigint
 from pg_stat_statements s join pg_database d on d.oid = s.dbid
 where d.datname = %s
 """
@@ -50,6 +54,7 @@ class DatabaseCounters:
     wal_bytes: int
     rows_written: int
     cpu_seconds: float
+    transactions: int = 0
 
     def __sub__(self, other: DatabaseCounters) -> DatabaseCounters:
         return DatabaseCounters(
@@ -57,6 +62,7 @@ class DatabaseCounters:
             wal_bytes=self.wal_bytes - other.wal_bytes,
             rows_written=self.rows_written - other.rows_written,
             cpu_seconds=self.cpu_seconds - other.cpu_seconds,
+            transactions=self.transactions - other.transactions,
         )
 
 
@@ -86,12 +92,16 @@ class BenchPostgres:
         return str(self._server.get_uri(database=name))
 
     def counters(self, database: str) -> DatabaseCounters:
-        statements, wal_bytes, rows = self._admin.execute(_SNAPSHOT, (database,)).fetchone()  # type: ignore[misc]
+        # pg_stat_database's counters are read from a snapshot taken once per transaction: clear it.
+        self._admin.execute("select pg_stat_clear_snapshot()")
+        row = self._admin.execute(_SNAPSHOT, (database, database)).fetchone()
+        statements, wal_bytes, rows, transactions = row  # type: ignore[misc]
         return DatabaseCounters(
             statements=int(statements),
             wal_bytes=int(wal_bytes),
             rows_written=int(rows),
             cpu_seconds=children_cpu_seconds(self.pid),
+            transactions=int(transactions or 0),
         )
 
     def reset_statements(self) -> None:

@@ -16,10 +16,15 @@ from typing import Any, Final
 
 SYSTEMS: Final[dict[str, str]] = {
     "bastion": "bench.systems.bastion",
+    "bastion-chat-routes": "bench.systems.bastion_chat_routes",
+    "bastion-durable": "bench.systems.bastion_chat_routes_durable",
     "bastion-nopersist": "bench.systems.bastion_nopersist",
+    "assistant": "bench.systems.assistant",
     "pydantic-ai-adapter": "bench.systems.pydantic_ai_adapter",
     "langgraph-pg": "bench.systems.langgraph_pg",
     "agents-sdk-pg": "bench.systems.agents_sdk_pg",
+    "agents-sdk-dbos": "bench.systems.agents_sdk_dbos",
+    "pydantic-ai-dbos": "bench.systems.pydantic_ai_dbos",
     "limit": "bench.systems.limit",
 }
 
