@@ -28,6 +28,11 @@ SYSTEMS: Final[dict[str, str]] = {
     "limit": "bench.systems.limit",
 }
 
+# Variants that isolate one cost, loadable by name (`--systems`) but not measured by default.
+DIAGNOSTIC: Final[dict[str, str]] = {
+    "bastion-chat-routes-nolog": "bench.systems.bastion_chat_routes_nolog",
+}
+
 _REQUIRED: Final = ("ROLE", "NEEDS_POSTGRES", "create_app", "build_request", "verify_stream")
 ROLES: Final = frozenset({"subject", "peer", "limit"})
 
@@ -50,9 +55,10 @@ class ClientConfig:
 
 def load_system(name: str) -> ModuleType:
     """The module of system `name`, checked to expose the whole interface."""
-    if name not in SYSTEMS:
-        raise ValueError(f"Unknown system {name!r}; known: {', '.join(SYSTEMS)}.")
-    module = importlib.import_module(SYSTEMS[name])
+    known = {**SYSTEMS, **DIAGNOSTIC}
+    if name not in known:
+        raise ValueError(f"Unknown system {name!r}; known: {', '.join(known)}.")
+    module = importlib.import_module(known[name])
     missing = [attribute for attribute in _REQUIRED if not hasattr(module, attribute)]
     if missing or module.ROLE not in ROLES:
         raise TypeError(f"System {name} is incomplete: missing {missing or ['a valid ROLE']}.")

@@ -26,8 +26,23 @@ from bench.systems._pydantic_ai_model import scripted_model
 from bench.systems.bastion import APP_ROLE, POOL_SIZE, bench_agent, prepare_database
 
 
-def create_app(config: ServerConfig, *, durable: bool) -> Starlette:
-    """The worker serving `chat_routes` at the bench's path; the store (and engine) open in its lifespan."""
+class WithoutLiveTurns:
+    """A store that offers no live turns: `chat_routes` over it keeps no stream log (and serves no stop
+    or resume), which isolates what the log costs a turn."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    def persistence(self, *, history_window: int = 100) -> Any:
+        return self._store.persistence(history_window=history_window)
+
+    async def create_conversation(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._store.create_conversation(*args, **kwargs)
+
+
+def create_app(config: ServerConfig, *, durable: bool, log: bool = True) -> Starlette:
+    """The worker serving `chat_routes` at the bench's path; the store (and engine) open in its lifespan.
+    Without `log` the route runs over `WithoutLiveTurns`."""
     assert config.database_url is not None, "bastion needs a database"
     admin_url = config.database_url
     handlers: dict[str, Any] = {}
@@ -44,7 +59,7 @@ def create_app(config: ServerConfig, *, durable: bool) -> Starlette:
         store = await PostgresStore.open(app_url, min_size=POOL_SIZE, max_size=POOL_SIZE)
         routes = chat_routes(
             agent=bench_agent(),
-            store=store,
+            store=store if log else WithoutLiveTurns(store),
             model=scripted_model(),
             context=lambda turn: turn.principal,
             path=CHAT_PATH,
