@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -60,6 +61,7 @@ class Options:
     calibration_words: int = 20
     calibration_concurrency: int = 16
     warmup_turns: int = 8
+    round_trip_turns: int = 0
 
     def cells(self) -> list[Cell]:
         cells = [Cell(s, c, self.words) for s in self.scenarios for c in self.concurrency]
@@ -101,6 +103,8 @@ class Run:
     batches: list[Batch]
     roles: dict[str, str]
     postgres_version: str | None
+    round_trips: dict[str, float] = field(default_factory=dict)
+    load_average: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
 
 
 async def run_cell(
@@ -177,9 +181,35 @@ def run_benchmark(options: Options, *, progress: Callable[[str], None] = lambda 
             servers[name] = SystemServer(name, config, workdir)
             # One after another: bastion's migrations create roles the cluster's databases share.
             servers[name].wait_ready()
+        load_before = os.getloadavg()
         batches = asyncio.run(_measure(options, modules, servers, client, postgres, databases, progress))
+        load_after = os.getloadavg()
+        counted: dict[str, float] = {}
+        if options.round_trip_turns and postgres is not None:
+            from bench.turn_costs import count_round_trips
+
+            urls = {name: postgres.uri(database) for name, database in databases.items()}
+            progress(f"counting round trips: {options.round_trip_turns} turns per system at c=1")
+            counted = asyncio.run(
+                count_round_trips(
+                    postgres,
+                    {name: modules[name] for name in urls},
+                    urls,
+                    project.jwks,
+                    client,
+                    workdir,
+                    options.round_trip_turns,
+                )
+            )
         roles = {name: str(module.ROLE) for name, module in modules.items()}
-        return Run(options, batches, roles, postgres.version if postgres is not None else None)
+        return Run(
+            options,
+            batches,
+            roles,
+            postgres.version if postgres is not None else None,
+            round_trips=counted,
+            load_average=(load_before, load_after),
+        )
     finally:
         for server in servers.values():
             server.stop()

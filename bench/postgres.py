@@ -91,6 +91,10 @@ class BenchPostgres:
         self._admin.execute(f'create database "{name}"')
         return str(self._server.get_uri(database=name))
 
+    def uri(self, database: str) -> str:
+        """The connection URI of `database` (created before)."""
+        return str(self._server.get_uri(database=database))
+
     def counters(self, database: str) -> DatabaseCounters:
         # pg_stat_database's counters are read from a snapshot taken once per transaction: clear it.
         self._admin.execute("select pg_stat_clear_snapshot()")

@@ -237,16 +237,17 @@ def _through(url: str, socket_dir: str) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
-async def round_trips(
+async def count_round_trips(
     postgres: BenchPostgres,
     modules: dict[str, ModuleType],
     urls: dict[str, str],
-    project: Any,
+    jwks: dict[str, Any],
     client: ClientConfig,
     workdir: Path,
     turns: int,
-) -> list[str]:
-    """Round trips per turn at c=1, each system's second server reaching Postgres through the proxy."""
+) -> dict[str, float]:
+    """Round trips per turn at c=1 (new conversations), each system's second server reaching Postgres
+    through a proxy that counts each time a client waits for the server."""
     from types import SimpleNamespace
 
     from psycopg.conninfo import conninfo_to_dict
@@ -255,15 +256,14 @@ async def round_trips(
 
     params = conninfo_to_dict(postgres._server.get_uri())
     cluster: Any = SimpleNamespace(socket_dir=str(params["host"]), port=int(params.get("port") or 5432))
-    lines = ["", "## Round trips per turn (c=1, new conversations, a second server through a proxy)", ""]
+    found: dict[str, float] = {}
     for name, module in modules.items():
+        if name not in urls:
+            continue
         counter = RoundTripCounter(cluster)
         await counter.start()
-        config = ServerConfig(
-            database_url=_through(urls[name], counter.socket_dir),
-            supabase_url=SUPABASE_URL,
-            jwks=project.jwks,
-        )
+        url = _through(urls[name], counter.socket_dir)
+        config = ServerConfig(database_url=url, supabase_url=SUPABASE_URL, jwks=jwks)
         server = SystemServer(name, config, workdir, label=f"{name}-counted")
         try:
             await asyncio.to_thread(server.wait_ready)
@@ -272,14 +272,11 @@ async def round_trips(
             before = counter.round_trips
             batch = await _batch(module, server, Cell("new", 1), client, turns)
             await asyncio.sleep(0.5)
-            counted = counter.round_trips - before
-            lines.append(
-                f"- {name}: {counted / max(batch.turns, 1):.1f} round trips per turn ({batch.turns} turns)"
-            )
+            found[name] = (counter.round_trips - before) / max(batch.turns, 1)
         finally:
             await asyncio.to_thread(server.stop)
             await counter.close()
-    return lines
+    return found
 
 
 async def sampled(
@@ -498,9 +495,15 @@ async def run(arguments: argparse.Namespace) -> list[str]:
             )
             lines += table
         if arguments.round_trips:
-            lines += await round_trips(
-                postgres, modules, urls, project, client, workdir, arguments.round_trips
+            counted = await count_round_trips(
+                postgres, modules, urls, project.jwks, client, workdir, arguments.round_trips
             )
+            lines += [
+                "",
+                "## Round trips per turn (c=1, new conversations, a second server through a proxy)",
+                "",
+            ]
+            lines += [f"- {name}: {value:.1f}" for name, value in counted.items()]
     finally:
         for server in servers.values():
             server.stop()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -44,32 +44,36 @@ _WORDS = re.compile(r"\S+\s*")
 _ENGINES: list[AsyncEngine] = []
 
 
-@function_tool
-@DBOS.step(name="bench.agents_sdk.lookup")
-async def lookup(key: str) -> dict[str, Any]:
-    """Look a key up."""
-    return lookup_result(key)
+def _declare() -> Callable[[str, str], Awaitable[dict[str, Any]]]:
+    """The turn's workflow (and `lookup` as a step), declared in the server process only (DBOS
+    registers them process-wide, before it launches)."""
 
+    @function_tool
+    @DBOS.step(name="bench.agents_sdk.lookup")
+    async def lookup(key: str) -> dict[str, Any]:
+        """Look a key up."""
+        return lookup_result(key)
 
-AGENT = Agent(name="bench", instructions="Answer.", model=ScriptedModel(), tools=[lookup])
+    agent = Agent(name="bench", instructions="Answer.", model=ScriptedModel(), tools=[lookup])
 
+    @DBOS.workflow(name="bench.agents_sdk.turn")
+    async def agent_turn(chat_id: str, text: str) -> dict[str, Any]:
+        """One turn: the runner's steps, the session's reads and writes; what the client is sent."""
+        session = SQLAlchemySession(chat_id, engine=_ENGINES[0])
+        result = await DBOSRunner.run(agent, text, session=session)
+        calls: list[dict[str, Any]] = []
+        for item in result.new_items:
+            if item.type == "tool_call_item":
+                raw: Any = item.raw_item
+                calls.append({"id": raw.call_id, "name": raw.name, "input": json.loads(raw.arguments)})
+            elif item.type == "tool_call_output_item":
+                output: Any = item.raw_item
+                for call in calls:
+                    if call["id"] == output["call_id"]:
+                        call["output"] = item.output
+        return {"calls": calls, "text": str(result.final_output)}
 
-@DBOS.workflow(name="bench.agents_sdk.turn")
-async def agent_turn(chat_id: str, text: str) -> dict[str, Any]:
-    """One turn: the runner's steps, the session's reads and writes; what the client is sent."""
-    session = SQLAlchemySession(chat_id, engine=_ENGINES[0])
-    result = await DBOSRunner.run(AGENT, text, session=session)
-    calls: list[dict[str, Any]] = []
-    for item in result.new_items:
-        if item.type == "tool_call_item":
-            raw: Any = item.raw_item
-            calls.append({"id": raw.call_id, "name": raw.name, "input": json.loads(raw.arguments)})
-        elif item.type == "tool_call_output_item":
-            output: Any = item.raw_item
-            for call in calls:
-                if call["id"] == output["call_id"]:
-                    call["output"] = item.output
-    return {"calls": calls, "text": str(result.final_output)}
+    return agent_turn
 
 
 def create_app(config: ServerConfig) -> Starlette:
@@ -77,6 +81,7 @@ def create_app(config: ServerConfig) -> Starlette:
     set_tracing_disabled(True)
     url = config.database_url.replace("postgresql://", "postgresql+asyncpg://", 1)
     database_url = config.database_url
+    agent_turn = _declare()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

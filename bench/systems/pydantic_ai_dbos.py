@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -48,37 +48,41 @@ async def _forward(context: RunContext[str], events: AsyncIterable[AgentStreamEv
             stream.put_nowait(event)
 
 
-AGENT: Agent[str, str] = Agent(
-    scripted_model(),
-    name="bench",
-    instructions="Answer.",
-    deps_type=str,
-    capabilities=[DBOSDurability(event_stream_handler=_forward)],
-)
+def _declare() -> tuple[Agent[str, str], Callable[[str, str], Awaitable[str]]]:
+    """The durable agent and the turn's workflow, declared in the server process only (DBOS registers
+    them process-wide, before it launches)."""
+    agent: Agent[str, str] = Agent(
+        scripted_model(),
+        name="bench",
+        instructions="Answer.",
+        deps_type=str,
+        capabilities=[DBOSDurability(event_stream_handler=_forward)],
+    )
 
+    @agent.tool_plain
+    async def lookup(key: str) -> dict[str, Any]:
+        """Look a key up."""
+        return lookup_result(key)
 
-@AGENT.tool_plain
-async def lookup(key: str) -> dict[str, Any]:
-    """Look a key up."""
-    return lookup_result(key)
+    @DBOS.workflow(name="bench.pydantic_ai.turn")
+    async def agent_turn(turn_id: str, body: str) -> str:
+        """One turn: the history the client sent, run to the end; its events go to the turn's stream."""
+        try:
+            adapter = VercelAIAdapter(agent=agent, run_input=VercelAIAdapter.build_run_input(body.encode()))
+            result = await agent.run(message_history=adapter.messages, deps=turn_id)
+            return result.output
+        finally:
+            stream = _STREAMS.get(turn_id)
+            if stream is not None:
+                stream.put_nowait(None)
 
-
-@DBOS.workflow(name="bench.pydantic_ai.turn")
-async def agent_turn(turn_id: str, body: str) -> str:
-    """One turn: the history the client sent, run to the end; its events go to the turn's stream."""
-    try:
-        adapter = VercelAIAdapter(agent=AGENT, run_input=VercelAIAdapter.build_run_input(body.encode()))
-        result = await AGENT.run(message_history=adapter.messages, deps=turn_id)
-        return result.output
-    finally:
-        stream = _STREAMS.get(turn_id)
-        if stream is not None:
-            stream.put_nowait(None)
+    return agent, agent_turn
 
 
 def create_app(config: ServerConfig) -> Starlette:
     assert config.database_url is not None
     database_url = config.database_url
+    agent, agent_turn = _declare()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -90,7 +94,7 @@ def create_app(config: ServerConfig) -> Starlette:
 
     async def chat(request: Request) -> Response:
         body = await request.body()
-        adapter = VercelAIAdapter(agent=AGENT, run_input=VercelAIAdapter.build_run_input(body), sdk_version=6)
+        adapter = VercelAIAdapter(agent=agent, run_input=VercelAIAdapter.build_run_input(body), sdk_version=6)
         turn_id = uuid.uuid4().hex
         stream: asyncio.Queue[AgentStreamEvent | None] = asyncio.Queue()
         _STREAMS[turn_id] = stream
