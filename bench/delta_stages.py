@@ -26,8 +26,8 @@ from typing import Any
 
 from bastion._ui_assembly import UIMessageAssembler, to_client_json
 from bastion.auth import Principal
+from bastion.chat.stream_response import _EventChannel
 from bastion.stores.live import ChunkBatch, ChunkLog
-from bastion.stream import _EventChannel
 from bench.protocol import user_message
 from bench.systems._pydantic_ai_model import scripted_model
 from bench.systems.bastion import bench_agent

@@ -9,9 +9,9 @@ so the harness's own queries (run in the `postgres` database) never count:
 - WAL bytes per turn: the write-ahead log the system's statements generated (`wal_bytes`), the bytes
   Postgres must write durably for the turn. `full_page_writes` is off for the run so that whole-page
   images after each checkpoint do not add noise that depends on checkpoint timing.
-- transactions per turn: commits and rollbacks of the system's database (`pg_stat_database`), which
-  Postgres reports some hundred milliseconds late (its statistics are flushed by each backend at most
-  once a second while busy), so a batch's figure can borrow from its neighbours'; the medians hold.
+- transactions: commits and rollbacks of the system's database (`pg_stat_database`). A backend
+  publishes its counts at most once a second while busy and within 10 s once idle, so only a reader
+  that waits for them to settle (`settled_counters`, used by `bench.turn_costs`) gets a batch's own.
 - rows written per turn: rows affected by INSERT, UPDATE, DELETE and MERGE statements, also those run
   inside a function (`pg_stat_statements.track = all`; bastion writes a turn through SQL functions).
   Statements and WAL count top-level statements only, whose figures include what they call.
@@ -21,6 +21,7 @@ Postgres CPU is the user plus system time of the server and its backends, from /
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,19 @@ class BenchPostgres:
             cpu_seconds=children_cpu_seconds(self.pid),
             transactions=int(transactions or 0),
         )
+
+    def settled_counters(self, database: str, *, quiet: float = 1.5, limit: float = 12.0) -> DatabaseCounters:
+        """The counters once the transaction count has not moved for `quiet` seconds (at most `limit`)."""
+        deadline = time.monotonic() + limit
+        last = self.counters(database)
+        steady_since = time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - steady_since < quiet:
+            time.sleep(0.25)
+            current = self.counters(database)
+            if current.transactions != last.transactions:
+                steady_since = time.monotonic()
+            last = current
+        return last
 
     def reset_statements(self) -> None:
         self._admin.execute("select pg_stat_statements_reset()")

@@ -114,7 +114,6 @@ def render(run: Run, *, command: str) -> str:
     table("Server CPU per turn (ms)", main_cells, lambda f: _spread(f.cpu_ms_per_turn))
     if any(f.db_statements_per_turn for f in figures.values()):
         table("Postgres statements per turn", main_cells, lambda f: _spread(f.db_statements_per_turn, 1))
-        table("Transactions per turn", main_cells, lambda f: _spread(f.transactions_per_turn, 1))
         table("WAL bytes per turn", main_cells, lambda f: _spread(f.wal_bytes_per_turn, 0))
         table("Rows written per turn", main_cells, lambda f: _spread(f.rows_written_per_turn, 1))
         table("Postgres CPU per turn (ms)", main_cells, lambda f: _spread(f.db_cpu_ms_per_turn, 2))

@@ -73,9 +73,9 @@ FRAMES = (
     ("stream: assembler.apply", "apply", "bastion/_ui_assembly.py"),
     ("stream: log.add", "add", "bastion/stores/live.py"),
     ("stream: log flush/write", "flush", "bastion/stores/live.py"),
-    ("stream: event channel → ASGI send", "_deliver", "bastion/stream.py"),
+    ("stream: event channel → ASGI send", "_deliver", "bastion/chat/stream_response.py"),
     ("save: run.finish", "finish", "bastion/persistence.py"),
-    ("durable turns", "", "bastion/durable/"),
+    ("durable turns", "", "bastion/chat/durable_turns.py"),
     ("hooks", "", "bastion/hooks/"),
     ("memory", "", "bastion/memory/"),
     ("psycopg (all)", "", "/psycopg/"),
@@ -155,10 +155,11 @@ async def measure(
             for name in order:
                 database = _database(name)
                 postgres._admin.execute(_RESET, (database,))
-                before = postgres.counters(database)
+                before = await asyncio.to_thread(postgres.settled_counters, database)
                 batch = await _batch(modules[name], servers[name], Cell("new", level), client, turns)
-                await asyncio.sleep(0.3)  # what the turns left behind (log writes, hook work) lands
-                after = postgres.counters(database)
+                # What the turns left behind (log writes, hook work) lands, and the transaction counts
+                # Postgres publishes late settle.
+                after = await asyncio.to_thread(postgres.settled_counters, database)
                 measured = found[(name, level)]
                 measured.failures += batch.failures
                 measured.turns += batch.turns
@@ -340,16 +341,16 @@ FUNCTIONS = (
     ("worker: auth (TokenVerifier.verify)", "verify", "bastion/auth.py"),
     ("route: JSON body (api.json_body)", "json_body", "bastion/api.py"),
     ("route: ChatRequest validation (api._validated)", "_validated", "bastion/api.py"),
-    ("chat: ChatEndpoint.chat (claim to response object)", "chat", "bastion/stores/chat.py"),
-    ("chat: _start_turn (claim, create on first use)", "_start_turn", "bastion/stores/chat.py"),
-    ("chat: _create_for_chat", "_create_for_chat", "bastion/stores/chat.py"),
+    ("chat: ChatEndpoint.chat (claim to response object)", "chat", "bastion/chat/endpoint.py"),
+    ("chat: _start_turn (claim, create on first use)", "_start_turn", "bastion/chat/endpoint.py"),
+    ("chat: _create_for_chat", "_create_for_chat", "bastion/chat/endpoint.py"),
     ("chat: start_agent_run", "start_agent_run", "bastion/persistence.py"),
     ("chat: reconcile_agent_messages", "reconcile_agent_messages", "bastion/history.py"),
     ("chat: create_conversation", "create_conversation", "bastion/stores/postgres.py"),
-    ("chat: open_turn", "open_turn", "bastion/stores/chat.py"),
+    ("chat: open_turn", "open_turn", "bastion/chat/endpoint.py"),
     ("chat: agent.prepare", "prepare", "bastion/agent.py"),
-    ("turn: _Turn.run (stream, save, settle)", "run", "bastion/stream.py"),
-    ("turn: _consume (loop chunks → events)", "_consume", "bastion/stream.py"),
+    ("turn: _Turn.run (stream, save, settle)", "run", "bastion/chat/stream_response.py"),
+    ("turn: _consume (loop chunks → events)", "_consume", "bastion/chat/stream_response.py"),
     ("stream: to_client_json", "to_client_json", "bastion/_client_json.py"),
     ("stream: UIMessageAssembler.apply", "apply", "bastion/_ui_assembly.py"),
     ("stream: ChunkLog.add", "add", "bastion/stores/live.py"),
@@ -357,17 +358,17 @@ FUNCTIONS = (
     ("log: ChunkLog.flush", "flush", "bastion/stores/live.py"),
     ("log: write (append_chunks transaction)", "write", "bastion/stores/postgres_live.py"),
     ("log: stop_signal", "stop_signal", "bastion/stores/postgres_live.py"),
-    ("stream: _EventChannel.batches", "batches", "bastion/stream.py"),
-    ("stream: _deliver (ASGI sends)", "_deliver", "bastion/stream.py"),
+    ("stream: _EventChannel.batches", "batches", "bastion/chat/stream_response.py"),
+    ("stream: _deliver (ASGI sends)", "_deliver", "bastion/chat/stream_response.py"),
     ("tool: AgentRun.execute_tool", "execute_tool", "bastion/persistence.py"),
-    ("save: _settle (on_finish, on_settled)", "_settle", "bastion/stream.py"),
+    ("save: _settle (on_finish, on_settled)", "_settle", "bastion/chat/stream_response.py"),
     ("save: AgentRun.finish", "finish", "bastion/persistence.py"),
     ("store: PostgresStore.transaction", "transaction", "bastion/stores/postgres.py"),
     ("psycopg: AsyncCursor.execute", "execute", "psycopg/cursor_async.py"),
     ("psycopg: AsyncConnection.execute", "execute", "psycopg/connection_async.py"),
     ("pool: getconn", "getconn", "psycopg_pool/pool_async.py"),
     ("pool: putconn", "putconn", "psycopg_pool/pool_async.py"),
-    ("durable: DurableTurns.respond", "respond", "bastion/durable/turns.py"),
+    ("durable: DurableTurns.respond", "respond", "bastion/chat/durable_turns.py"),
     ("memory: recall (context_messages)", "context_messages", "bastion/memory/"),
 )
 

@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from bastion.auth import SupabaseEnv
+from bastion.chat import chat_routes
 from bastion.stores import PostgresStore
-from bastion.stores.chat import chat_routes
 from bastion.worker import RequestContext, Route, create_agent_worker
 from bench.protocol import CHAT_PATH
 from bench.systems import ServerConfig
