@@ -1,7 +1,8 @@
 """The stages a streamed text delta passes in a bastion turn, in CPU µs per delta, in one process.
 
 1. model event → UI chunk: bastion's loop over the scripted pydantic-ai `FunctionModel` (the model's
-   own generator included), from (CPU of a 200-word turn − CPU of a 20-word turn) / 180;
+   own generator included), from (CPU of a 200-word turn − CPU of a 20-word turn) / 180, watching a
+   cancel event as both routes do (the request's, or the stop signal's), and without one;
 2. wire JSON: `to_client_json(chunk)` (the bytes the client gets and the parsed chunk);
 3. assembly: `UIMessageAssembler.apply(parsed)` (validation, then the saved message's text);
 4. log: `ChunkLog.add(parsed)`, then the log's write serializing its batches as psycopg's `Jsonb`
@@ -50,9 +51,12 @@ def _principal() -> Principal:
     )
 
 
-async def _turn_chunks(agent: Any, model: Any, words: int) -> tuple[list[dict[str, Any]], int]:
-    """The loop's chunks of one turn and the CPU ns it took to produce them."""
-    session = await agent.prepare(context=_principal())
+async def _turn_chunks(
+    agent: Any, model: Any, words: int, *, cancel: asyncio.Event | None = None
+) -> tuple[list[dict[str, Any]], int]:
+    """The loop's chunks of one turn and the CPU ns it took to produce them; with `cancel`, the loop
+    watches that event as both routes make it (the request's or the stop signal's)."""
+    session = await agent.prepare(context=_principal(), cancel=cancel)
     started = time.thread_time_ns()
     result = await session.stream(model=model, messages=[user_message(words)])
     chunks = [chunk async for chunk in result]
@@ -101,6 +105,13 @@ async def measure(turns: int, batches: int) -> list[str]:
         await _turn_chunks(agent, model, WORDS)
     full = [await _turn_chunks(agent, model, WORDS) for _ in range(turns)]
     short = [await _turn_chunks(agent, model, SHORT) for _ in range(turns)]
+    watched_full = [await _turn_chunks(agent, model, WORDS, cancel=asyncio.Event()) for _ in range(turns)]
+    watched_short = [await _turn_chunks(agent, model, SHORT, cancel=asyncio.Event()) for _ in range(turns)]
+    watched_us = (
+        (statistics.median(ns for _, ns in watched_full) - statistics.median(ns for _, ns in watched_short))
+        / 1000
+        / (WORDS - SHORT)
+    )
     model_full = [await _model_stream_ns(model, WORDS) for _ in range(turns)]
     model_short = [await _model_stream_ns(model, SHORT) for _ in range(turns)]
     model_us = (statistics.median(model_full) - statistics.median(model_short)) / 1000 / (WORDS - SHORT)
@@ -161,7 +172,8 @@ async def measure(turns: int, batches: int) -> list[str]:
 
     repeat = 200
     figures = {
-        "1. model event → UI chunk (loop + scripted model)": loop_us,
+        "1. model event → UI chunk (loop + scripted model), with a cancel event watched": watched_us,
+        "1b. of which without a cancel event (`cancel=None`)": loop_us,
         "1a. of which pydantic-ai's model stream alone (scripted model → events)": model_us,
         "2. wire JSON (to_client_json)": _per_delta(wire_json, len(deltas), repeat),
     }
@@ -185,7 +197,7 @@ async def measure(turns: int, batches: int) -> list[str]:
         "|---|---|",
     ]
     lines += [f"| {label} | {value:.1f} |" for label, value in figures.items()]
-    hand = sum(v for k, v in figures.items() if not k.startswith(("4", "1a")))
+    hand = sum(v for k, v in figures.items() if not k.startswith(("4", "1a", "1b")))
     lines += [
         f"| hand-wired route (1+2+3+5) | {hand:.1f} |",
         f"| `chat_routes` (1+2+3+4+5) | {hand + sum(v for k, v in figures.items() if k[0] == '4'):.1f} |",
