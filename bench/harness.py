@@ -49,7 +49,8 @@ class Cell:
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    """What to measure and how much. `min_turns` is the least number of turns in one batch."""
+    """What to measure and how much. `min_turns` is the least number of turns in one batch;
+    `conversation_concurrency` limits the conversations to those concurrencies (default: all)."""
 
     systems: Sequence[str]
     rounds: int = 3
@@ -62,9 +63,15 @@ class Options:
     calibration_concurrency: int = 16
     warmup_turns: int = 8
     round_trip_turns: int = 0
+    conversation_concurrency: Sequence[int] = ()
 
     def cells(self) -> list[Cell]:
-        cells = [Cell(s, c, self.words) for s in self.scenarios for c in self.concurrency]
+        cells = [
+            Cell(s, c, self.words)
+            for s in self.scenarios
+            for c in self.concurrency
+            if s == "new" or not self.conversation_concurrency or c in self.conversation_concurrency
+        ]
         if self.calibration_words and self.calibration_words != self.words:
             full = Cell("new", self.split_concurrency, self.words)
             if full not in cells:

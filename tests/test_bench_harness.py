@@ -385,3 +385,14 @@ def test_the_delta_stages_add_up_for_both_routes() -> None:
         value for label, value in figures.items() if label[0] in "12345" and label[:2] not in ("1a", "1b")
     ]
     assert figures["`chat_routes` (1+2+3+4+5)"] == pytest.approx(sum(parts), abs=0.2)
+
+
+def test_conversations_can_be_limited_to_some_concurrencies() -> None:
+    cells = Options(systems=["limit"], conversation_concurrency=(16,)).cells()
+    assert [c.label for c in cells] == [
+        "new c=1",
+        "new c=16",
+        "new c=32",
+        "conversation c=16",
+        "new c=16, 20 words",
+    ]
