@@ -5,10 +5,11 @@ and the bench's signing keys: every migration of the assistant (`bastion.assista
 `PostgresStore` with its default pool, one `DurableEngine` for the process, the event hooks delivered
 from this process (`persist_sessions` and the usage counter, `HookDelivery`), memory with the default
 embedder (the offline model when the `memory-offline` extra is installed, else lexical hashing), the
-support inbox's bot replies started, and durable chat turns. The model is the bench's script; since the
-assistant's agent has no `lookup`, the scripted call is `get_identity` (an idempotent read), so the
-client checks that result instead. Everything else of a turn is the assistant's own route
-(`POST /api/chat`: memory recall before the model, usage in the `finish` chunk, the stream log).
+support inbox's bot replies and the retention schedule started (the serve defaults' ages), and durable
+chat turns. The model is the bench's script; since the assistant's agent has no `lookup`, the scripted
+call is `get_identity` (an idempotent read), so the client checks that result instead. Everything else
+of a turn is the assistant's own route (`POST /api/chat`: memory recall before the model, usage in the
+`finish` chunk, the stream log).
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ IDENTITY = ExpectedTool(
 async def running(config: ServerConfig) -> AsyncIterator[Any]:
     """The assistant's ASGI application, its database migrated and everything it runs started."""
     from bastion.assistant.app import AssistantApp
+    from bastion.assistant.config import AssistantConfig
     from bastion.assistant.database import Database, migrate
     from bastion.assistant.hooks import assistant_hooks
     from bastion.auth import SupabaseEnv
     from bastion.durable import DurableEngine
     from bastion.hooks import HookDelivery
+    from bastion.retention import Retention, RetentionPolicy
     from bastion.stores import PostgresStore
     from bench.systems._pydantic_ai_model import scripted_model
 
@@ -66,9 +69,22 @@ async def running(config: ServerConfig) -> AsyncIterator[Any]:
                 )
                 await app.memory_store.purge()
                 await app.inbox_replies.start(engine)
+                defaults = AssistantConfig()
+                retention = Retention(
+                    store,
+                    conninfo=app_url,
+                    policy=RetentionPolicy(
+                        finished_turns=defaults.retain_turns,
+                        inbox_jobs=defaults.retain_inbox_jobs,
+                        delivered_events=defaults.retain_events,
+                    ),
+                    memory=app.memory_store,
+                )
+                await retention.start(engine)
                 try:
                     yield app.asgi()
                 finally:
+                    retention.stop()
                     app.inbox_replies.stop()
             finally:
                 await delivery.close()
