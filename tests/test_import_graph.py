@@ -44,17 +44,19 @@ LAYERS: list[set[str]] = [
         "bastion._ui_messages",
         "bastion.api",
         "bastion.history",
-        "bastion.mcp",
         "bastion.persistence",
     },
     # Storage (conversations, runs and their SQL) and the durable engine: nothing of agents or HTTP turns.
+    # MCP servers for a turn, with their sign-in routes: above the typed API and the worker, below the
+    # stores that keep their pending sign-ins and approved tools.
+    {"bastion.mcp"},
     {"bastion.stores", "bastion.durable", "bastion._turn_plan"},
     {"bastion._loop"},
     {"bastion.agent", "bastion.memory", "bastion.sqlalchemy", "bastion.hooks"},
     {"bastion._assembled_turn"},
     # A turn over HTTP and its orchestration; the inbox; the public facade.
     {"bastion.chat", "bastion.inbox", "bastion"},
-    {"bastion.client"},
+    {"bastion.client", "bastion.retention"},
     {"bastion.assistant"},
     {"bastion.cli"},
 ]
