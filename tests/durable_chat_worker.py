@@ -9,7 +9,8 @@ tool that needs approval), anything else one short text step.
 
 `BASTION_TEST_DIE` makes the process SIGKILL itself at a point a timer cannot hit reliably:
 `before-save` (just before the turn's save) or `after-save` (just after it, before the workflow
-records its end).
+records its end). `BASTION_TEST_START_DELAY` (seconds) delays building the routes after the engine
+launched, as a process that registers slowly would: DBOS may hand it recovered turns meanwhile.
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ async def main(port: int) -> None:
     dsn = os.environ["BASTION_TEST_APP_DSN"]
     store = await PostgresStore.open(dsn, max_size=4)
     engine = await DurableEngine.launch(dsn, recovery_interval=0.25)
+    await asyncio.sleep(float(os.environ.get("BASTION_TEST_START_DELAY", "0")))
     agent = define_agent(name="durable-test", instructions="Answer.", tools=tools)
     model = FunctionModel(stream_function=scripted)
     routes = chat_routes(

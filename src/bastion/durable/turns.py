@@ -44,6 +44,7 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRe
 from bastion._cancel import AgentCancelledError
 from bastion._loop import ExecuteToolHook
 from bastion.auth import Principal
+from bastion.durable._ready import registered
 from bastion.persistence import AgentRun, RunStart
 from bastion.stores.entities import StoreIdentity, TurnContext, TurnState
 from bastion.stores.live import ChunkLog
@@ -61,7 +62,6 @@ logger = logging.getLogger("bastion.durable")
 
 WORKFLOW_NAME: Final = "bastion.turn"
 MODEL_STEP_NAME: Final = "bastion.turn.model_request"
-_ENDPOINT_WAIT_SECONDS: Final = 10.0
 _IDS: Final = uuid.UUID("0f3c2d9a-41b7-4e0c-8a5e-6b1d7c2e9f48")
 
 Chunk = dict[str, Any]
@@ -514,11 +514,7 @@ async def _start(workflow_id: str, workflow_input: dict[str, Any]) -> Any:
 
 async def _endpoint(name: str) -> ChatEndpoint[Any] | None:
     """The named endpoint; a workflow handed to this process while it starts waits for its routes."""
-    for _ in range(int(_ENDPOINT_WAIT_SECONDS / 0.05)):
-        if name in _ENDPOINTS:
-            return _ENDPOINTS[name]
-        await asyncio.sleep(0.05)
-    return _ENDPOINTS.get(name)
+    return await registered(lambda: _ENDPOINTS.get(name))
 
 
 def _context(turn: ChatTurn) -> TurnContext:
