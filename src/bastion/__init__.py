@@ -10,7 +10,7 @@ from bastion._telemetry import TokenUsage
 from bastion._ui_assembly import InvalidUIMessageChunkError, assemble_ui_messages
 from bastion.agent import Agent, AgentSession, AgentSessionClosedError, AgentTools, define_agent
 from bastion.approvals import AgentApprovalAuthorizationError, ApprovalDecision
-from bastion.errors import BastionError, ToolError
+from bastion.errors import BastionError, DatabaseUnavailableError, ToolError
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.persistence import (
     AgentPersistence,
@@ -61,6 +61,7 @@ __all__ = [
     "ApprovalDecision",
     "BastionError",
     "CallOrigin",
+    "DatabaseUnavailableError",
     "DuplicateToolNameError",
     "ExecuteToolHook",
     "InvalidUIMessageChunkError",
