@@ -31,6 +31,7 @@ from bastion.assistant.support import inbox_settings
 from bastion.auth import SupabaseEnv
 from bastion.durable import DurableEngine
 from bastion.hooks import HookDelivery
+from bastion.retention import Retention, RetentionPolicy
 from bastion.stores import PostgresStore
 
 __all__ = ["RunningAssistant", "development_sign_in", "running_assistant", "serve", "supabase_env"]
@@ -144,9 +145,21 @@ async def running_assistant(
                 purged = await app.memory_store.purge()
                 if purged:
                     progress(f"Purged {purged} expired memory operation records.")
+                retention = Retention(
+                    store,
+                    conninfo=database.app_conninfo,
+                    policy=RetentionPolicy(
+                        finished_turns=config.retain_turns,
+                        inbox_jobs=config.retain_inbox_jobs,
+                        delivered_events=config.retain_events,
+                    ),
+                    memory=app.memory_store,
+                )
+                await retention.start(engine)
                 try:
                     yield RunningAssistant(app=app, database=database, asgi=app.asgi())
                 finally:
+                    retention.stop()
                     app.inbox_replies.stop()
         finally:
             await store.close()
