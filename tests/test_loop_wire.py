@@ -381,7 +381,7 @@ async def test_a_cancel_set_as_the_last_step_ends_makes_the_turn_cancelled() -> 
 
 
 async def test_a_set_cancel_signal_ends_the_models_events_without_reading_them() -> None:
-    from bastion._loop import _until_cancelled
+    from bastion._cancel import until_cancelled as _until_cancelled
 
     read: list[int] = []
 

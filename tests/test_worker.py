@@ -598,3 +598,25 @@ async def test_a_busy_conversation_is_a_409_that_says_when_to_retry() -> None:
     assert response.json()["code"] == "turn_conflict"
     assert stale.status_code == 409
     assert "retry-after" not in stale.headers
+
+
+def test_require_principal_gives_the_verified_user_and_refuses_a_route_that_ran_without_one() -> None:
+    from bastion.auth import Principal
+
+    alice = Principal(
+        id="alice",
+        role="authenticated",
+        email=None,
+        is_anonymous=False,
+        aal=None,
+        session_id=None,
+        tenant_id=None,
+        roles=(),
+        claims={},
+    )
+    env = SupabaseEnv(url="https://project.supabase.co")
+    verified = RequestContext(principal=alice, params={}, env=env, cancel=asyncio.Event())
+    assert verified.require_principal() is alice
+    anonymous = RequestContext(principal=None, params={}, env=env, cancel=asyncio.Event())
+    with pytest.raises(RuntimeError, match="without a verified principal"):
+        anonymous.require_principal()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+EventT = TypeVar("EventT")
 
 
 class AgentCancelledError(Exception):
@@ -39,3 +41,38 @@ async def unless_cancelled(work: Awaitable[Any], cancel: asyncio.Event | None) -
         await asyncio.gather(task, return_exceptions=True)
         raise AgentCancelledError
     return task.result()
+
+
+async def until_cancelled(
+    events: AsyncIterable[EventT], cancel: asyncio.Event | None
+) -> AsyncIterator[EventT | None]:
+    """The model's events, then None once `cancel` is set, even while the model is between tokens."""
+    if cancel is None:
+        async for event in events:
+            yield event
+        return
+    iterator = aiter(events)
+    waiter = asyncio.ensure_future(cancel.wait())
+    step: asyncio.Future[EventT] | None = None
+    try:
+        while not cancel.is_set():
+            step = asyncio.ensure_future(anext(iterator))
+            await asyncio.wait({step, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
+                break
+            try:
+                yield step.result()
+            except StopAsyncIteration:
+                return
+        yield None
+    finally:
+        waiter.cancel()
+        if step is not None and not step.done():
+            step.cancel()  # the reader itself was cancelled while it waited for the model
+
+
+def this_task_is_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -87,6 +87,13 @@ class RequestContext:
     env: SupabaseEnv
     cancel: asyncio.Event
 
+    def require_principal(self) -> Principal:
+        """The verified user of an `auth="user"` route. The worker verifies the token before such a
+        route runs, so a missing principal is a bug in the server, never the request's fault."""
+        if self.principal is None:
+            raise RuntimeError("A user route ran without a verified principal.")
+        return self.principal
+
 
 Handler: TypeAlias = Callable[[Request, RequestContext], Awaitable[Response]]
 AuthorizeResult: TypeAlias = bool | Response | None

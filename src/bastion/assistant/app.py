@@ -178,20 +178,22 @@ class AssistantApp:
     async def connection_status(self, request: Request, context: RequestContext) -> Response:
         """Whether the caller has connected the MCP server; the credential itself is never returned."""
         credentials = self._user_credentials()
-        return json_response(ConnectionStatus(connected=await credentials.connected(_principal(context))))
+        return json_response(
+            ConnectionStatus(connected=await credentials.connected(context.require_principal()))
+        )
 
     @operation(body=ConnectionToken, responses={200: ConnectionStatus}, errors=(404,))
     async def connect(self, request: Request, context: RequestContext, *, body: ConnectionToken) -> Response:
         """Store the caller's own bearer token for the MCP server, replacing any stored before."""
         credentials = self._user_credentials()
-        await credentials.connect(_principal(context), body.token)
+        await credentials.connect(context.require_principal(), body.token)
         return json_response(ConnectionStatus(connected=True))
 
     @operation(responses={204: None}, errors=(404,))
     async def disconnect(self, request: Request, context: RequestContext) -> Response:
         """Forget the caller's MCP credential; their next turn asks them to connect again."""
         credentials = self._user_credentials()
-        await credentials.disconnect(_principal(context))
+        await credentials.disconnect(context.require_principal())
         return Response(status_code=204)
 
     def _user_credentials(self) -> UserCredentials:
@@ -453,12 +455,6 @@ def _memory_store(store: PostgresStore, embedder: Embedder | None) -> PostgresMe
         )
     logger.info("Memory recalls by shared words: install bastion[memory-offline] to recall by meaning.")
     return PostgresMemoryStore(store, embedder=HashingEmbedder())
-
-
-def _principal(context: RequestContext) -> Principal:
-    if context.principal is None:
-        raise RuntimeError("A user route ran without a verified principal.")
-    return context.principal
 
 
 def _from_loopback(request: Request) -> bool:

@@ -36,17 +36,25 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from dbos import DBOS, SetWorkflowID
+from dbos import DBOS
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
 
 from bastion._cancel import AgentCancelledError
-from bastion._loop import ExecuteToolHook
+from bastion._turn_plan import ExecuteToolHook
+from bastion._ui_chunks import Chunk
 from bastion.auth import Principal
 from bastion.chat.stream_response import AgentStreamResponse, TurnRunner
-from bastion.chat.turn import ChatTurn
-from bastion.durable._ready import registered
+from bastion.chat.turn import ChatTurn, TurnOpener
+from bastion.durable.turn_workflow import (
+    TURN_WORKFLOWS,
+    WORKFLOW_NAME,
+    DurableTurnError,
+    model_request_step,
+    start_turn_workflow,
+    turn_workflow_id,
+)
 from bastion.persistence import AgentRun, RunStart
 from bastion.stores.entities import StoreIdentity, TurnContext, TurnState
 from bastion.stores.live import ChunkLog
@@ -54,33 +62,13 @@ from bastion.stores.postgres import PostgresAgentPersistence, PostgresStore
 from bastion.tools import CallOrigin
 
 if TYPE_CHECKING:
-    from bastion.chat.endpoint import ChatEndpoint
     from bastion.durable.engine import DurableEngine
 
 __all__ = ["DurableTurnError", "DurableTurns", "prune_finished_turns", "turn_workflow_id"]
 
 logger = logging.getLogger("bastion.durable")
 
-WORKFLOW_NAME: Final = "bastion.turn"
-MODEL_STEP_NAME: Final = "bastion.turn.model_request"
 _IDS: Final = uuid.UUID("0f3c2d9a-41b7-4e0c-8a5e-6b1d7c2e9f48")
-
-Chunk = dict[str, Any]
-
-# This process's durable endpoints by name, and the step recorders of the turns its own POSTs run.
-_ENDPOINTS: dict[str, ChatEndpoint[Any]] = {}
-_LOCAL: dict[str, asyncio.Future[_StepRecorder]] = {}
-
-
-class DurableTurnError(RuntimeError):
-    """Durable turns cannot run as configured; the message says what to change."""
-
-    code: ClassVar[str] = "durable_turns_unavailable"
-
-
-def turn_workflow_id(conversation_id: str, run_id: str) -> str:
-    """The workflow id of a run's turn: one workflow per claimed run."""
-    return f"{WORKFLOW_NAME}:{conversation_id}:{run_id}"
 
 
 async def prune_finished_turns(store: PostgresStore, *, older_than: timedelta) -> tuple[int, int]:
@@ -102,10 +90,11 @@ async def prune_finished_turns(store: PostgresStore, *, older_than: timedelta) -
 
 
 class DurableTurns:
-    """The durable side of one `ChatEndpoint`: registered by name in this process, so a workflow
-    taken over from another process finds the endpoint to rebuild its turn with."""
+    """The durable side of one `ChatEndpoint`: registered by name in this process
+    (`bastion.durable.turn_workflow`), so a workflow taken over from another process finds what
+    rebuilds its turn. It drives the endpoint's turn through `TurnOpener` only."""
 
-    def __init__(self, endpoint: ChatEndpoint[Any], engine: DurableEngine, *, name: str | None) -> None:
+    def __init__(self, endpoint: TurnOpener, engine: DurableEngine, *, name: str | None) -> None:
         persistence = endpoint.persistence
         if not isinstance(persistence, PostgresAgentPersistence):
             raise DurableTurnError(
@@ -118,7 +107,7 @@ class DurableTurns:
         self.endpoint = endpoint
         self.engine = engine
         self.name = name or f"{endpoint.agent.name}:{endpoint.path}"
-        _ENDPOINTS[self.name] = endpoint
+        TURN_WORKFLOWS.register(self.name, self)
 
     async def respond(self, turn: ChatTurn, run: AgentRun[Any, Any]) -> AgentStreamResponse:
         """The fast path: the claimed turn's response, streaming at once while its workflow starts.
@@ -133,15 +122,16 @@ class DurableTurns:
         recorder = _StepRecorder()
         hooks = _TurnHooks(persistence, context, run, recorder=recorder)
         workflow_id = turn_workflow_id(turn.conversation_id, turn.run_id)
-        attached: asyncio.Future[_StepRecorder] = asyncio.get_running_loop().create_future()
-        _LOCAL[workflow_id] = attached
-        starting = asyncio.ensure_future(_start(workflow_id, self._input(turn, run, hooks.message_id)))
+        attached = TURN_WORKFLOWS.attach(workflow_id)
+        starting = asyncio.ensure_future(
+            start_turn_workflow(workflow_id, self._input(turn, run, hooks.message_id))
+        )
 
         async def made_durable() -> Any:
             try:
                 handle = await starting
             except Exception:
-                _LOCAL.pop(workflow_id, None)
+                TURN_WORKFLOWS.detach(workflow_id)
                 recorder.unavailable()
                 logger.exception("Starting a durable turn failed; it runs without durability.")
                 return None
@@ -397,7 +387,7 @@ class _ModelSteps:
                 outcome = "failed"
             return _recorded(outcome, chunks, response)
 
-        task = asyncio.ensure_future(_model_request_step(body))
+        task = asyncio.ensure_future(model_request_step(body))
         task.add_done_callback(lambda _: live.put_nowait(None))
         sent = 0
         try:
@@ -479,7 +469,7 @@ class _StepRecorder:
                 return recorded
 
             try:
-                await _model_request_step(body)
+                await model_request_step(body)
             except BaseException:
                 logger.warning("Recording a durable turn's model request failed; it runs on without.")
                 self._pending.append(done)
@@ -495,39 +485,6 @@ def _recorded(outcome: str, chunks: list[Chunk], response: list[ModelResponse]) 
     if outcome == "completed":
         recorded["response"] = ModelMessagesTypeAdapter.dump_json(list[ModelMessage](response)).decode()
     return recorded
-
-
-@DBOS.step(name=MODEL_STEP_NAME)
-async def _model_request_step(body: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
-    """One model request of a turn: the response and the chunks it streamed (see `_ModelSteps`)."""
-    return await body()
-
-
-@DBOS.workflow(name=WORKFLOW_NAME)
-async def _turn_workflow(workflow_input: dict[str, Any]) -> str:
-    """One turn: the one this process's POST attached, or one taken over from a dead process."""
-    workflow_id = DBOS.workflow_id
-    attached = _LOCAL.pop(workflow_id, None) if workflow_id is not None else None
-    if attached is not None:
-        await (await attached).serve()
-        return "ran"
-    endpoint = await _endpoint(workflow_input["endpoint"])
-    if endpoint is None or endpoint.durable is None:
-        raise DurableTurnError(
-            f"No durable chat endpoint named {workflow_input['endpoint']!r} in this process: build "
-            "the same chat routes (with durable=) in every worker before launching the engine."
-        )
-    return await endpoint.durable.take_over(workflow_input)
-
-
-async def _start(workflow_id: str, workflow_input: dict[str, Any]) -> Any:
-    with SetWorkflowID(workflow_id):
-        return await DBOS.start_workflow_async(_turn_workflow, workflow_input)
-
-
-async def _endpoint(name: str) -> ChatEndpoint[Any] | None:
-    """The named endpoint; a workflow handed to this process while it starts waits for its routes."""
-    return await registered(lambda: _ENDPOINTS.get(name))
 
 
 def _context(turn: ChatTurn) -> TurnContext:

@@ -20,7 +20,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Final, Generic, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, Generic, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_ai.models import KnownModelName, Model
@@ -29,7 +29,6 @@ from starlette.responses import Response, StreamingResponse
 
 from bastion.agent import Agent
 from bastion.api import EventStream, StrictModel, json_response, operation
-from bastion.auth import Principal
 from bastion.chat.request import UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END, ChatRequest
 from bastion.chat.stream_response import (
     UI_MESSAGE_STREAM_HEADERS,
@@ -41,9 +40,10 @@ from bastion.chat.turn import ChatTurn, DurableTurnHooks
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
 from bastion.stores._turns import check_storable_message
-from bastion.stores.entities import Conversation, StoreIdentity, TurnContext, TurnState
+from bastion.stores.entities import StoreIdentity, TurnContext, TurnState
 from bastion.stores.errors import InvalidInputError, NotFoundError
 from bastion.stores.live import ChunkLog, LiveTurns, StreamSuperseded
+from bastion.stores.protocol import LiveTurnStore, Store
 from bastion.worker import RequestContext, Route
 
 if TYPE_CHECKING:
@@ -72,25 +72,8 @@ ContextFactory: TypeAlias = Callable[[ChatTurn], "ContextT | Awaitable[ContextT]
 ModelChoice: TypeAlias = "Model | KnownModelName | str"
 
 
-class ChatStore(Protocol):
-    """What the chat route needs of a store (`PostgresStore` and `SqliteStore` both are one)."""
-
-    def persistence(self, *, history_window: int = 100) -> AgentPersistence[TurnContext, TurnState]: ...
-
-    async def create_conversation(
-        self,
-        identity: StoreIdentity,
-        *,
-        title: str | None = None,
-        conversation_id: str | None = None,
-        agent_name: str | None = None,
-    ) -> Conversation[Any]: ...
-
-
-class LiveTurnStore(Protocol):
-    """A store whose turns can be stopped and their streams resumed, from any process."""
-
-    def live_turns(self) -> LiveTurns: ...
+# What the chat route needs of a store: the one `Store` protocol both stores implement.
+ChatStore: TypeAlias = Store
 
 
 class StopResult(StrictModel):
@@ -141,8 +124,7 @@ class ChatEndpoint(Generic[ContextT]):
         self.on_error = on_error
         self.stop_wait_seconds = stop_wait_seconds
         self.usage_metadata = usage_metadata
-        live_turns = getattr(store, "live_turns", None)
-        self.live: LiveTurns | None = live_turns() if callable(live_turns) else None
+        self.live: LiveTurns | None = store.live_turns() if isinstance(store, LiveTurnStore) else None
         self.durable: DurableTurns | None = None
         if durable is not None:
             from bastion.chat.durable_turns import DurableTurns
@@ -172,7 +154,7 @@ class ChatEndpoint(Generic[ContextT]):
     )
     async def chat(self, request: Request, context: RequestContext, *, body: ChatRequest) -> Response:
         """Run one turn of a conversation and answer with the AI SDK UI message stream."""
-        principal = _principal(context)
+        principal = context.require_principal()
         identity = StoreIdentity.from_principal(principal)
         claim = TurnContext(
             identity=identity, conversation_id=str(uuid.UUID(body.id)), request_id=str(uuid.uuid4())
@@ -259,7 +241,7 @@ class ChatEndpoint(Generic[ContextT]):
         when it was asked but has not settled within `stop_wait_seconds`, 204 when none was running.
         """
         live = self._live()
-        identity = StoreIdentity.from_principal(_principal(context))
+        identity = StoreIdentity.from_principal(context.require_principal())
         conversation_id = _conversation_id(context)
         run_id = await live.request_stop(identity, conversation_id)
         if run_id is None:
@@ -286,7 +268,7 @@ class ChatEndpoint(Generic[ContextT]):
         stream from its start, then live until it ends. `?resetStep=1` (AI SDK 7) retracts a step a
         taken-over turn re-runs with `reset-step`; otherwise the response closes and the client resumes."""
         live = self._live()
-        identity = StoreIdentity.from_principal(_principal(context))
+        identity = StoreIdentity.from_principal(context.require_principal())
         conversation_id = _conversation_id(context)
         current = await live.live_run(identity, conversation_id)
         if current is None:
@@ -419,12 +401,6 @@ def _conversation_id(context: RequestContext) -> str:
         return str(uuid.UUID(str(context.params.get("id"))))
     except ValueError:
         raise NotFoundError() from None
-
-
-def _principal(context: RequestContext) -> Principal:
-    if context.principal is None:
-        raise RuntimeError("A user route ran without a verified principal.")
-    return context.principal
 
 
 async def _resolved(value: Any) -> Any:

@@ -19,13 +19,14 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from bastion._ui_assembly import UIMessage, UIMessageAssembler, to_client_json
+from bastion._loop import AgentStreamResult
+from bastion._ui_assembly import UIMessageAssembler, to_client_json
+from bastion._ui_chunks import UIMessage
 
 __all__ = [
     "DEFAULT_ERROR_TEXT",
     "UI_MESSAGE_STREAM_HEADERS",
     "AgentStreamResponse",
-    "AgentStreamResult",
     "OnFinish",
     "OnSettled",
     "StreamLog",
@@ -54,24 +55,6 @@ StreamStatus = Literal["completed", "failed", "cancelled"]
 _FINISH_REASONS: Final = frozenset({"stop", "length", "content-filter", "tool-calls", "error", "other"})
 _DONE: Final = b"data: [DONE]\n\n"
 _ID_ALPHABET: Final = string.ascii_letters + string.digits
-
-
-class AgentStreamResult(Protocol):
-    """What a session's `stream(...)` returns: UI message chunks, then how the turn ended.
-
-    Iteration yields chunk dicts in the AI SDK wire shape without the outer `start`, `finish` and `error`
-    chunks; optional keys are omitted, never null. Iteration raises on a provider error. Afterwards
-    `finish_reason` tells why the model stopped and `cancelled` whether the application's cancellation
-    signal stopped the turn.
-    """
-
-    def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
-
-    @property
-    def finish_reason(self) -> str | None: ...
-
-    @property
-    def cancelled(self) -> bool: ...
 
 
 class StreamLog(Protocol):

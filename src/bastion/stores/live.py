@@ -15,8 +15,9 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
+from bastion._ui_chunks import Chunk
 from bastion.stores.entities import StoreIdentity
 
 __all__ = [
@@ -30,7 +31,6 @@ __all__ = [
 
 logger = logging.getLogger("bastion.stores.live")
 
-Chunk = dict[str, Any]
 
 DEFAULT_FLUSH_INTERVAL: Final = 0.05
 
