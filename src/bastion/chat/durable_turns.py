@@ -147,7 +147,11 @@ class DurableTurns:
                 recorder.close()
                 handle = await marking
                 if handle is not None:
-                    await handle.get_result()
+                    try:
+                        await handle.get_result()
+                    except Exception:
+                        # Recording failed (see `_StepRecorder.serve`): the turn ran on without it.
+                        logger.warning("A durable turn's workflow failed.", exc_info=True)
 
         hooks.runner = runner
         try:
@@ -440,8 +444,14 @@ class _StepRecorder:
             await done
 
     def unavailable(self) -> None:
+        """Record nothing more, and release whatever waits for a record (handed over or queued)."""
         self._available = False
-        for done in self._pending:
+        waiting = list(self._pending)
+        while not self._requests.empty():
+            request = self._requests.get_nowait()
+            if request is not None:
+                waiting.append(request[1])
+        for done in waiting:
             if not done.done():
                 done.set_result(None)
 
@@ -449,6 +459,9 @@ class _StepRecorder:
         self._requests.put_nowait(None)
 
     async def serve(self) -> None:
+        """Record the hand-overs until the turn closes. When recording fails (the database went away
+        and DBOS gave up the step), the turn goes on without durability: nothing it waits for is
+        left pending, and the workflow ends in error rather than claim a turn it did not record."""
         while (request := await self._requests.get()) is not None:
             recorded, done = request
 
@@ -457,9 +470,10 @@ class _StepRecorder:
 
             try:
                 await model_request_step(body)
-            except BaseException as error:
-                if not done.done():
-                    done.set_exception(error)
+            except BaseException:
+                logger.warning("Recording a durable turn's model request failed; it runs on without.")
+                self._pending.append(done)
+                self.unavailable()
                 raise
             if not done.done():
                 done.set_result(None)

@@ -22,6 +22,8 @@ try:
 except ImportError as error:
     raise missing_extra("bastion.durable", "durable", error) from error
 
+from bastion.durable._ready import registered
+
 __all__ = [
     "MODEL_STEP_NAME",
     "TURN_WORKFLOWS",
@@ -37,7 +39,6 @@ __all__ = [
 
 WORKFLOW_NAME: Final = "bastion.turn"
 MODEL_STEP_NAME: Final = "bastion.turn.model_request"
-_TAKE_OVER_WAIT_SECONDS: Final = 10.0
 
 
 class DurableTurnError(RuntimeError):
@@ -98,11 +99,7 @@ class TurnWorkflows:
 
     async def _take_over(self, name: str) -> TurnTakeOver | None:
         """The named endpoint; a workflow handed to this process while it starts waits for its routes."""
-        for _ in range(int(_TAKE_OVER_WAIT_SECONDS / 0.05)):
-            if name in self._take_overs:
-                return self._take_overs[name]
-            await asyncio.sleep(0.05)
-        return self._take_overs.get(name)
+        return await registered(lambda: self._take_overs.get(name))
 
 
 # The one registry DBOS forces (see the module's docstring).
