@@ -32,6 +32,7 @@ until its lease ends, even while its process is dead) and resumes with `GET …/
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -39,6 +40,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from dbos import DBOS, SetWorkflowID
+from dbos._error import DBOSNonExistentWorkflowError
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
 
 from bastion._cancel import AgentCancelledError
@@ -156,7 +158,9 @@ class DurableTurns:
                 recorder.close()
                 handle = await marking
                 if handle is not None:
-                    await handle.get_result()
+                    # A conversation deleted meanwhile took its turns' workflows with it.
+                    with contextlib.suppress(DBOSNonExistentWorkflowError):
+                        await handle.get_result()
 
         hooks.runner = runner
         try:
