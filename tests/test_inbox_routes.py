@@ -14,6 +14,7 @@ import pytest
 
 from bastion.auth import SupabaseEnv
 from bastion.inbox import (
+    INBOX_STAFF_ROLE,
     ContactPrincipal,
     ContactTokens,
     InboxChannel,
@@ -38,9 +39,12 @@ class Api:
     channel: InboxChannel
     other_channel: InboxChannel
 
-    def staff(self, tenant: str | None) -> dict[str, str]:
+    def staff(self, tenant: str | None, *, named: bool = True) -> dict[str, str]:
+        """A token of a signed-in user of `tenant`, naming them inbox staff unless `named` is false."""
         identity = staff_of(tenant)
-        app_metadata = {"tenant_id": tenant} if tenant else {}
+        app_metadata: dict[str, object] = {"tenant_id": tenant} if tenant else {}
+        if named:
+            app_metadata["roles"] = [INBOX_STAFF_ROLE]
         claims = user_claims(self.env.issuer, time.time(), sub=identity.user_id, app_metadata=app_metadata)
         return {"Authorization": f"Bearer {es256(self.keys, claims)}"}
 
@@ -119,6 +123,23 @@ async def test_the_webhook_stores_a_message_once_per_id(api: Api, inbox_database
     assert [(c["contact_name"], c["preview"], c["bot_mode"]) for c in listed.json()["conversations"]] == [
         ("Ada", "Where is my order?", "bot")
     ]
+
+
+async def test_a_signed_in_user_of_the_tenant_staffs_nothing_unless_the_token_names_them(api: Api) -> None:
+    delivered = await api.deliver("My card number is private", message_id="wa-secret")
+    path = f"/api/inbox/conversations/{delivered.json()['conversation_id']}"
+    member = api.staff(api.tenant, named=False)
+    for method, url, body in (
+        ("GET", "/api/inbox/conversations", None),
+        ("GET", path, None),
+        ("PUT", f"{path}/mode", {"bot_mode": "human"}),
+        ("POST", f"{path}/messages", {"text": "I only signed up."}),
+    ):
+        refused = await api.http.request(method, url, json=body, headers=member)
+        assert refused.status_code == 403 and refused.json()["code"] == "not_inbox_staff", (method, url)
+    detail = await api.http.get(path, headers=api.staff(api.tenant))
+    assert [m["author"] for m in detail.json()["messages"]] == ["contact"]
+    assert detail.json()["conversation"]["bot_mode"] == "bot"
 
 
 async def test_bad_webhook_input_is_a_400_that_stores_nothing(
