@@ -23,12 +23,11 @@ from starlette.types import ASGIApp
 
 from bastion import define_agent
 from bastion.auth import SupabaseEnv
+from bastion.chat import chat_routes, conversation_routes
 from bastion.durable import DurableEngine
 from bastion.hooks import HookDelivery, HookRegistry, chat_id_of, persist_sessions, queued_deliveries
 from bastion.memory import HashingEmbedder, PostgresMemoryStore, apply_memory_migrations
 from bastion.stores import PostgresStore, StoreIdentity
-from bastion.stores.chat import chat_routes
-from bastion.stores.routes import conversation_routes
 from bastion.worker import create_agent_worker
 from tests.hooks_db import HooksDatabase, as_user
 from tests.supabase_tokens import SigningKeys, es256, user_claims
