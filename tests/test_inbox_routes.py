@@ -142,6 +142,29 @@ async def test_a_signed_in_user_of_the_tenant_staffs_nothing_unless_the_token_na
     assert detail.json()["conversation"]["bot_mode"] == "bot"
 
 
+async def test_a_message_id_delivered_again_on_another_thread_stores_nothing_new(
+    api: Api, inbox: PostgresInbox, inbox_database: InboxDatabase
+) -> None:
+    headers = {"Authorization": f"Bearer {api.channel.secret}"}
+    url = "/api/inbox/channels/chat/messages"
+    first = {"contact": {"id": "ada"}, "message": {"id": "wa-7", "text": "Refund order 12"}}
+    again = first | {"thread_id": "another-thread"}
+    stranger = {"contact": {"id": "eve"}, "message": {"id": "wa-7", "text": "Refund order 99"}}
+    stored = await api.http.post(url, json=first, headers=headers)
+    replays = [await api.http.post(url, json=body, headers=headers) for body in (again, stranger)]
+    assert stored.status_code == 200 and stored.json()["duplicate"] is False
+    for replay in replays:
+        assert replay.status_code == 200 and replay.json() == stored.json() | {"duplicate": True}
+    # One contact, one conversation, one message: nothing of the other threads was written.
+    assert _stored(inbox_database, api.tenant) == (1, 1, 1)
+    # The same id on another channel of the tenant is another message.
+    other = InboxChannel(name="sms", tenant_id=api.tenant, secret=f"sms-secret-{api.tenant}")
+    elsewhere = await inbox.record_inbound(
+        other, thread_id="ada", contact_id="ada", text="Hi", external_id="wa-7"
+    )
+    assert elsewhere.duplicate is False
+
+
 async def test_bad_webhook_input_is_a_400_that_stores_nothing(
     api: Api, inbox_database: InboxDatabase
 ) -> None:
