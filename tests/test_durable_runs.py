@@ -36,8 +36,8 @@ from tests.conftest import MigratedDatabase
 from tests.durable_cluster import free_port, until, user_message
 from tests.scripted import ScriptedModel
 from tests.test_chat_routes import Project
-from tests.test_live_turns import GatedModel
 from tests.test_guide_entities import guide_example
+from tests.test_live_turns import GatedModel
 
 
 def message(text: str) -> dict[str, Any]:
