@@ -184,18 +184,30 @@ async def test_the_migrations_repair_a_reused_conversation_and_the_leftovers_of_
     ) == [(0,)]
 
 
+# The migrations that repair what the previous release left, by component.
+REPAIRS = {
+    "bastion": "deleted_runs_forget_their_workflows",
+    "hooks": "deleted_conversations_leave_the_outbox",
+    "chat_tables": "chat_rows_belong_to_their_conversation",
+    "memory": "deleted_runs_forget_their_recalls",
+}
+
+
 async def migrate_previous_release(dsn: str) -> None:
-    """Every component's migrations as the previous release shipped them."""
-    await apply_migrations(dsn, upto=10)
-    previous = {"hooks": 7, "chat_tables": 4, "memory": 1}
+    """Every component's migrations up to (not including) the one that repairs it."""
     sources = {
+        "bastion": available_migrations(),
         "hooks": hook_migrations(),
         "chat_tables": available_migrations("bastion.hooks", "chat_migrations"),
         "memory": available_migrations("bastion.memory", "migrations"),
     }
-    for component, upto in previous.items():
-        migrations = [m for m in sources[component] if m.version <= upto]
-        await apply_application_migrations(dsn, component=component, migrations=migrations)
+    for component, migrations in sources.items():
+        [repair] = [m.version for m in migrations if m.name == REPAIRS[component]]
+        earlier = [m for m in migrations if m.version < repair]
+        if component == "bastion":
+            await apply_migrations(dsn, upto=repair - 1)
+        else:
+            await apply_application_migrations(dsn, component=component, migrations=earlier)
 
 
 async def ada_reads(database: HooksDatabase, ada: StoreIdentity) -> list[tuple[Any, ...]]:
