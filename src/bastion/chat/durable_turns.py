@@ -39,6 +39,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from dbos import DBOS
+from dbos._error import DBOSNonExistentWorkflowError
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
 
 from bastion._cancel import AgentCancelledError
@@ -149,6 +150,8 @@ class DurableTurns:
                 if handle is not None:
                     try:
                         await handle.get_result()
+                    except DBOSNonExistentWorkflowError:
+                        pass  # A conversation deleted meanwhile took its turns' workflows with it.
                     except Exception:
                         # Recording failed (see `_StepRecorder.serve`): the turn ran on without it.
                         logger.warning("A durable turn's workflow failed.", exc_info=True)
