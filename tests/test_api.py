@@ -121,7 +121,8 @@ def test_the_document_is_written_from_the_declared_types() -> None:
     error = schemas["Error400"]
     assert error["required"] == ["code", "message"]
     assert {"invalid_input", "bad_request"} <= set(error["properties"]["code"]["enum"])
-    assert schemas["Error404"]["properties"]["code"]["enum"] == ["not_found"]
+    # Every 404 code of the errors imported so far is listed (an MCP connection adds its own).
+    assert "not_found" in schemas["Error404"]["properties"]["code"]["enum"]
     assert operation_["security"] == []
 
 

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import math
 import re
 import uuid
 from pathlib import Path
@@ -380,11 +381,13 @@ def test_the_delta_stages_add_up_for_both_routes() -> None:
 
     lines = asyncio.run(delta_stages.measure(turns=2, batches=4))
     figures = {line.split(" | ")[0][2:]: float(line.split(" | ")[1].rstrip(" |")) for line in lines[4:]}
-    assert len(figures) == 10 and all(value >= 0 for value in figures.values())
+    # The form, never the values: a stage measured as a difference of two medians can come out below
+    # zero on a busy machine, and each figure is rounded to 0.1 µs before it is summed.
+    assert len(figures) == 10 and all(math.isfinite(value) for value in figures.values())
     parts = [
         value for label, value in figures.items() if label[0] in "12345" and label[:2] not in ("1a", "1b")
     ]
-    assert figures["`chat_routes` (1+2+3+4+5)"] == pytest.approx(sum(parts), abs=0.2)
+    assert figures["`chat_routes` (1+2+3+4+5)"] == pytest.approx(sum(parts), abs=0.05 * (len(parts) + 1))
 
 
 def test_conversations_can_be_limited_to_some_concurrencies() -> None:
