@@ -51,6 +51,7 @@ from bastion.stores._turns import (
     run_event,
     run_status,
 )
+from bastion.stores.checkpoints import TurnCheckpoints
 from bastion.stores.entities import (
     TurnContext,
     TurnState,
@@ -143,6 +144,29 @@ class PostgresAgentPersistence(TurnPersistence):
         if adopted:
             self._store._leases.hold(state.run_id, self._lease_seconds)
         return adopted
+
+    def checkpoint(self, state: TurnState) -> TurnCheckpoints:
+        """Make the run's turn checkpoint its model requests in the run's next writes, every write
+        fenced by this process (see `bastion.stores.checkpoints`)."""
+        state.checkpoints = TurnCheckpoints(worker=self._store.worker_key, results=state.unrecorded_results)
+        return state.checkpoints
+
+    async def adopt_turn(self, context: TurnContext, state: TurnState) -> list[dict[str, Any]] | None:
+        """`adopt_run`, answering with the run's stored checkpoints (the records of its finished model
+        requests, in step order), or None when the run was not adopted. One round trip."""
+        await self._store._hold_worker_lock()
+        with database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                cursor = await conn.execute(
+                    "select bastion.adopt_turn(%s, %s, %s)",
+                    (state.run_id, self._store.worker_key, self._lease_seconds),
+                )
+            adopted: dict[str, Any] = single_value(await cursor.fetchone())
+        self._tails.evict(tail_key(context.identity, state.conversation_id))
+        if not adopted["adopted"]:
+            return None
+        self._store._leases.hold(state.run_id, self._lease_seconds)
+        return list(adopted["steps"])
 
     async def record_tool_results(self, context: TurnContext, state: TurnState) -> None:
         """Write the results of this run's finished operations now, not with its next write (a
@@ -345,6 +369,7 @@ class PostgresAgentPersistence(TurnPersistence):
         try:
             with database_errors():
                 async with self._store.transaction(context.identity) as conn:
+                    checkpoints = await _fence(conn, state)
                     cursor = await conn.execute(
                         "select bastion.claim_tool(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                         (
@@ -360,6 +385,7 @@ class PostgresAgentPersistence(TurnPersistence):
                         ),
                     )
                 claim: dict[str, Any] = single_value(await cursor.fetchone())
+            _stored(state, checkpoints)
         except BaseException:
             self._tails.evict(tail_key(context.identity, state.conversation_id))
             raise
@@ -380,6 +406,7 @@ class PostgresAgentPersistence(TurnPersistence):
         try:
             with database_errors():
                 async with self._store.transaction(context.identity) as conn:
+                    checkpoints = await _fence(conn, state)
                     cursor = await conn.execute(
                         "select bastion.close_turn(%s, %s, %s, %s, %s, %s)",
                         (
@@ -392,6 +419,7 @@ class PostgresAgentPersistence(TurnPersistence):
                         ),
                     )
                 closed = single_value(await cursor.fetchone())
+            _stored(state, checkpoints)
         except BaseException:
             self._tails.evict(key)
             raise
@@ -415,6 +443,24 @@ class PostgresAgentPersistence(TurnPersistence):
         self._tails.put(
             key, finished_tail(before, revision=closed["revision"], last_seq=closed["last_seq"], saved=saved)
         )
+
+
+async def _fence(conn: Connection, state: TurnState) -> list[dict[str, Any]] | None:
+    """For a durable turn, queue `bastion.record_run_steps` ahead of the write in its transaction: it
+    fails the write unless this process still runs the run, and stores the pending checkpoints."""
+    checkpoints = state.checkpoints
+    if checkpoints is None:
+        return None
+    taken = checkpoints.take()
+    await conn.execute(
+        "select bastion.record_run_steps(%s, %s, %s)", (state.run_id, checkpoints.worker, Jsonb(taken))
+    )
+    return taken
+
+
+def _stored(state: TurnState, taken: list[dict[str, Any]] | None) -> None:
+    if state.checkpoints is not None and taken:
+        state.checkpoints.stored(taken)
 
 
 def _answers_approvals(plan: HistoryWrites) -> bool:

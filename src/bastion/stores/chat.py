@@ -36,6 +36,7 @@ from bastion.chat_request import UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END, ChatRe
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
 from bastion.stores._turns import check_storable_message
+from bastion.stores.checkpoints import TurnCheckpoints
 from bastion.stores.entities import Conversation, StoreIdentity, TurnContext, TurnState
 from bastion.stores.errors import InvalidInputError, NotFoundError
 from bastion.stores.live import ChunkLog, LiveTurns, StreamSuperseded
@@ -127,11 +128,12 @@ class DurableTurnHooks(Protocol):
     def attach(self, log: ChunkLog | None) -> None:
         """The turn's stream log, once it exists."""
 
+    @property
+    def checkpoints(self) -> TurnCheckpoints:
+        """The turn's pending checkpoints, which its stream log's writes carry."""
+
     def execute_tool(self, hook: ExecuteToolHook) -> ExecuteToolHook:
         """The tool hook wrapping the run's own."""
-
-    async def before_save(self) -> None:
-        """Called just before the turn's response message is saved."""
 
 
 class StopResult(StrictModel):
@@ -245,7 +247,10 @@ class ChatEndpoint(Generic[ContextT]):
         try:
             if self.live is not None:
                 stop = held.enter_context(self.live.stop_signal(run.state.run_id))
-                log = self.live.log(turn.identity, run.state.run_id, on_stop=stop.set)
+                checkpoints = durable.checkpoints if durable is not None else None
+                log = self.live.log(
+                    turn.identity, run.state.run_id, on_stop=stop.set, checkpoints=checkpoints
+                )
             if durable is not None:
                 durable.attach(log)
             # A closed tab does not stop the run: the reply is finished and saved for the next visit.
@@ -266,8 +271,6 @@ class ChatEndpoint(Generic[ContextT]):
         opened = session
 
         async def on_finish(*, response_message: dict[str, Any], status: StreamStatus) -> None:
-            if durable is not None:
-                await durable.before_save()
             await run.finish(response_message=response_message, status=status)
 
         async def on_settled(*, status: StreamStatus) -> None:

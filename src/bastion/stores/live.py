@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from bastion.stores.checkpoints import TurnCheckpoints
 from bastion.stores.entities import StoreIdentity
 
 __all__ = [
@@ -214,7 +215,14 @@ class ChunkLog:
 class LiveTurns(Protocol):
     """A store's live turns: stream logs, followers and stop requests, across processes."""
 
-    def log(self, identity: StoreIdentity, run_id: str, *, on_stop: Callable[[], None]) -> ChunkLog: ...
+    def log(
+        self,
+        identity: StoreIdentity,
+        run_id: str,
+        *,
+        on_stop: Callable[[], None],
+        checkpoints: TurnCheckpoints | None = None,
+    ) -> ChunkLog: ...
 
     def stop_signal(self, run_id: str) -> contextlib.AbstractContextManager[asyncio.Event]: ...
 

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Final
 import psycopg
 from psycopg.types.json import Jsonb
 
+from bastion.stores._turns import recordable
+from bastion.stores.checkpoints import TurnCheckpoints
 from bastion.stores.entities import StoreIdentity, parse_uuid
 from bastion.stores.errors import NotFoundError
 from bastion.stores.live import ChunkBatch, ChunkLog, LiveRun, StreamAssembly, StreamSuperseded
@@ -63,17 +65,48 @@ class PostgresLiveTurns:
 
     # Writing
 
-    def log(self, identity: StoreIdentity, run_id: str, *, on_stop: Callable[[], None]) -> ChunkLog:
-        """The run's stream log; a write that finds the run asked to stop calls `on_stop`."""
+    def log(
+        self,
+        identity: StoreIdentity,
+        run_id: str,
+        *,
+        on_stop: Callable[[], None],
+        checkpoints: TurnCheckpoints | None = None,
+    ) -> ChunkLog:
+        """The run's stream log; a write that finds the run asked to stop calls `on_stop`.
+
+        With a durable turn's `checkpoints`, each write carries the pending ones and is fenced by the
+        process running the run: once another process adopted it, writes store nothing and stop.
+        """
 
         async def write(batch: ChunkBatch) -> bool:
+            chunks = Jsonb(list(batch.chunks))
+            if checkpoints is None:
+                async with self._store.transaction(identity) as conn:
+                    cursor = await conn.execute(
+                        "select bastion.append_chunks(%s, %s, %s, %s, %s)",
+                        (run_id, batch.seq, batch.reset, chunks, batch.durable),
+                    )
+                return _stop(await cursor.fetchone())
+            taken, results = checkpoints.take(), checkpoints.take_results()
             async with self._store.transaction(identity) as conn:
                 cursor = await conn.execute(
-                    "select bastion.append_chunks(%s, %s, %s, %s, %s)",
-                    (run_id, batch.seq, batch.reset, Jsonb(list(batch.chunks)), batch.durable),
+                    "select bastion.append_chunks(%s, %s, %s, %s, %s, %s, %s, %s)",
+                    (
+                        run_id,
+                        batch.seq,
+                        batch.reset,
+                        chunks,
+                        batch.durable,
+                        checkpoints.worker,
+                        Jsonb(taken),
+                        Jsonb(recordable(results)),
+                    ),
                 )
-            row = await cursor.fetchone()
-            return bool(row and row[0])
+            stop = _stop(await cursor.fetchone())
+            checkpoints.stored(taken)
+            checkpoints.results_logged(results)
+            return stop
 
         return ChunkLog(write, interval=self._flush_interval, on_stop=on_stop)
 
@@ -208,6 +241,10 @@ class PostgresLiveTurns:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._listener
             self._listener = None
+
+
+def _stop(row: tuple[Any, ...] | None) -> bool:
+    return bool(row and row[0])
 
 
 def _discard(registry: dict[str, set[asyncio.Event]], key: str, event: asyncio.Event) -> None:
