@@ -91,9 +91,9 @@ async def serve(mode: str, port: int, admin_url: str, jwks_path: str) -> None:
 
     from bastion import define_agent, tool
     from bastion.auth import SupabaseEnv
+    from bastion.chat.endpoint import chat_routes
     from bastion.durable import DurableEngine, migrate_durable
     from bastion.stores import PostgresStore
-    from bastion.stores.chat import chat_routes
     from bastion.worker import create_agent_worker
     from bench.systems.bastion import APP_ROLE, prepare_database
 

@@ -42,6 +42,7 @@ from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from bastion import define_agent
+from bastion.chat.headless_turn import run_agent
 from bastion.durable import DurableEngine, migrate_durable
 from bastion.hooks import (
     HookDelivery,
@@ -54,7 +55,6 @@ from bastion.hooks import (
     persist_sessions,
 )
 from bastion.stores import PostgresStore, apply_application_migrations, apply_migrations, available_migrations
-from bastion.stores.run import run_agent
 from bench.postgres import BenchPostgres, DatabaseCounters
 from bench.servers import children_cpu_seconds, pin_process_tree
 

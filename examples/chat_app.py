@@ -11,8 +11,8 @@ from pydantic_ai.models import Model
 
 from bastion import AgentTools, define_agent, tool
 from bastion.auth import SupabaseEnv
+from bastion.chat import ChatTurn, chat_routes
 from bastion.stores import SqliteStore
-from bastion.stores.chat import ChatTurn, chat_routes
 from bastion.worker import create_agent_worker
 
 

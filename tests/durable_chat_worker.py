@@ -29,9 +29,10 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls
 
 from bastion import AgentTools, define_agent, tool
 from bastion.auth import SupabaseEnv
+from bastion.chat.endpoint import chat_routes
+from bastion.chat.turn import ChatTurn
 from bastion.durable import DurableEngine
 from bastion.stores import PostgresStore
-from bastion.stores.chat import ChatTurn, chat_routes
 from bastion.stores.postgres import PostgresAgentPersistence
 from bastion.worker import create_agent_worker
 

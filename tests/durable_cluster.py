@@ -24,7 +24,7 @@ from typing import Any
 import httpx2
 import psycopg
 
-from bastion.durable import turn_workflow_id
+from bastion.chat.durable_turns import turn_workflow_id
 from bastion.stores.live import ChunkBatch, StreamAssembly
 from tests.conftest import MigratedDatabase
 from tests.durable_chat_worker import EFFECTS_TABLE, PROJECT_URL

@@ -24,8 +24,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from bastion import define_agent
 from bastion.auth import SupabaseEnv
+from bastion.chat.endpoint import chat_routes
 from bastion.stores import PostgresStore, StoreIdentity
-from bastion.stores.chat import chat_routes
 from bastion.worker import create_agent_worker
 from tests.ai_sdk import SDKS, resume, run_chat, send
 from tests.conftest import MigratedDatabase

@@ -20,6 +20,7 @@ import httpx2
 import psycopg
 import pytest
 import uvicorn
+from dbos import DBOS
 
 from bastion import ToolCall
 from bastion.assistant.agent import AssistantContext, _local_tools
@@ -1176,3 +1177,9 @@ async def test_a_chat_is_copied_into_the_chat_tables_and_counted_once_per_run(se
             break
         await asyncio.sleep(0.05)
     assert await copied() == expected
+
+
+async def test_the_assistant_schedules_its_retention(served: Served) -> None:
+    """`bastion serve` prunes by itself: its process registers the cluster-wide retention schedule."""
+    [schedule] = await DBOS.list_schedules_async(schedule_name_prefix="bastion.retention")
+    assert (schedule["schedule"], schedule["status"]) == ("0 */10 * * * *", "ACTIVE")

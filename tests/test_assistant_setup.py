@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +49,18 @@ def test_defaults_need_no_configuration() -> None:
         ({**USER_MCP, "BASTION_MCP_AUTH": "both"}, "BASTION_MCP_AUTH must be 'app' or 'user'"),
         ({"BASTION_MCP_AUTH": "user"}, "BASTION_MCP_AUTH=user needs BASTION_MCP_URL"),
         ({**USER_MCP, "BASTION_MCP_TOKEN": "app-token"}, "unset one of them"),
+        ({"BASTION_RETAIN_EVENTS": "30 days"}, "BASTION_RETAIN_EVENTS must be an age such as 7d"),
     ],
 )
 def test_bad_settings_name_the_variable_and_the_fix(environ: dict[str, str], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         AssistantConfig.from_env(environ)
+
+
+def test_retention_ages_default_and_are_set_by_age() -> None:
+    assert AssistantConfig.from_env({}).retain_events == timedelta(days=30)
+    config = AssistantConfig.from_env({"BASTION_RETAIN_TURNS": "12h", "BASTION_RETAIN_INBOX_JOBS": "90m"})
+    assert (config.retain_turns, config.retain_inbox_jobs) == (timedelta(hours=12), timedelta(minutes=90))
 
 
 def test_an_unknown_model_name_says_what_to_use_instead() -> None:

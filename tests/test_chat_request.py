@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from bastion.chat_request import ChatRequest
+from bastion.chat.request import ChatRequest
 
 CONVERSATION = "7f1c1c4e-1b0a-4f39-9d38-6a1c2b7e9a01"
 

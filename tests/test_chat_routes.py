@@ -14,8 +14,9 @@ import pytest
 
 from bastion import define_agent
 from bastion.auth import SupabaseEnv
+from bastion.chat.endpoint import chat_routes
+from bastion.chat.turn import ChatTurn
 from bastion.stores import SqliteStore, StoreIdentity
-from bastion.stores.chat import ChatTurn, chat_routes
 from bastion.worker import create_agent_worker
 from tests.scripted import Call, ScriptedModel
 from tests.supabase_tokens import SigningKeys, es256, user_claims

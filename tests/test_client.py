@@ -17,9 +17,9 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from bastion import assemble_ui_messages
 from bastion.auth import SupabaseEnv
+from bastion.chat.conversations import ConversationRules, FeedbackOut, conversation_routes
 from bastion.client import BastionApiError, BastionClient, BastionStreamError, UIMessageChunk, user_message
 from bastion.stores import SqliteStore
-from bastion.stores.routes import ConversationRules, FeedbackOut, conversation_routes
 from bastion.worker import create_agent_worker
 from tests.entity_app import SCHEMA, SQLITE_PROJECTS
 from tests.pg import PostgresCluster

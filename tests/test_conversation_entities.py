@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from bastion.auth import SupabaseEnv
+from bastion.chat.conversations import ConversationRules, conversation_routes
 from bastion.stores import (
     AppColumn,
     Conversation,
@@ -33,7 +34,6 @@ from bastion.stores import (
     StoreIdentity,
     conversation_cursor,
 )
-from bastion.stores.routes import ConversationRules, conversation_routes
 from bastion.worker import create_agent_worker
 from tests.entity_app import SCHEMA, SQLITE_PROJECTS, Checklist, TaskState, projects_database
 from tests.pg import PostgresCluster

@@ -10,8 +10,8 @@ import httpx2
 import pytest
 
 from bastion.auth import Principal, SupabaseEnv
+from bastion.chat.conversations import ConversationRules, conversation_routes
 from bastion.stores import SqliteStore
-from bastion.stores.routes import ConversationRules, conversation_routes
 from bastion.worker import create_agent_worker
 from tests.supabase_tokens import SigningKeys, es256, user_claims
 

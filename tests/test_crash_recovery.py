@@ -21,13 +21,7 @@ import psycopg
 
 import bastion
 from bastion.persistence import RunInput, RunOutcome, ToolOperation
-from bastion.stores import (
-    PostgresStore,
-    SqliteStore,
-    StoreIdentity,
-    ToolOperationUncertainError,
-    TurnContext,
-)
+from bastion.stores import PostgresStore, SqliteStore, StoreIdentity, ToolOperationUncertainError, TurnContext
 from tests.conftest import MigratedDatabase
 
 SOURCES = str(Path(bastion.__file__).resolve().parents[1])

@@ -55,7 +55,7 @@ _CALLS: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = 
         ("bastion.hooks:h",),
         {"partition_concurrency": 1, "polling_interval_sec": 0.1},
     ),
-    # durable/turns.py: the turn workflow and its retention.
+    # chat/durable_turns.py: the turn workflow and its retention.
     "DBOS.start_workflow_async(workflow, input)": (DBOS.start_workflow_async, (lambda _: None, {}), {}),
     "DBOS.list_workflows_async(name=, status=, completed_before=, load_input=, load_output=)": (
         DBOS.list_workflows_async,
@@ -108,6 +108,18 @@ _CALLS: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = 
     "DBOSClient.delete_workflows_async(ids)": (DBOSClient.delete_workflows_async, (None, ["id"]), {}),
     "DBOSClient.cancel_workflows_async(ids)": (DBOSClient.cancel_workflows_async, (None, ["id"]), {}),
     "DBOSClient.destroy()": (DBOSClient.destroy, (None,), {}),
+    # retention.py: the cluster-wide schedule and its workflow's shape, (scheduled time, context).
+    "DBOS.apply_schedules_async([schedule])": (
+        DBOS.apply_schedules_async,
+        ([{"schedule_name": "bastion.retention", "workflow_fn": None, "schedule": "0 */10 * * * *"}],),
+        {},
+    ),
+    "DBOS.list_schedules_async(schedule_name_prefix=)": (
+        DBOS.list_schedules_async,
+        (),
+        {"schedule_name_prefix": "bastion.retention"},
+    ),
+    "DBOS.delete_schedule_async(name)": (DBOS.delete_schedule_async, ("bastion.retention",), {}),
 }
 
 # The keys of the `DBOSConfig` the engine launches with (`_launch_dbos`).
@@ -125,7 +137,7 @@ _CONFIG_KEYS = {
 # Every status DBOS gives a workflow. bastion's SQL and filters sort them into unfinished (ENQUEUED,
 # PENDING) and ended (the rest but DELAYED, which only `delay_seconds`, unused by bastion, produces):
 # a status added or gone needs a look at `hooks/delivery_status.py`, `hooks/retention.py`,
-# `hooks/delivery.py` (`_IN_FLIGHT`) and `durable/turns.py` (`prune_finished_turns`).
+# `hooks/delivery.py` (`_IN_FLIGHT`) and `chat/durable_turns.py` (`prune_finished_turns`).
 _STATUSES = {
     "ENQUEUED",
     "PENDING",
@@ -156,6 +168,14 @@ _ENQUEUE_POSITIONAL = [
 ]
 _ENQUEUE_NAMED = [("workflow_id", "text"), ("app_version", "text"), ("queue_partition_key", "text")]
 _ENQUEUE_NAMED += [("application_name", "text")]
+
+
+def test_a_schedule_entry_takes_the_keys_retention_passes() -> None:
+    """(DBOS names each firing `sched-<schedule>-<time>`, so a period runs once however many processes
+    serve: tests/test_retention.py finds retention's runs by that prefix.)"""
+    from dbos._dbos import ScheduleInput
+
+    assert {"schedule_name", "workflow_fn", "schedule"} <= set(ScheduleInput.__annotations__)
 
 
 @pytest.mark.parametrize("call", list(_CALLS))

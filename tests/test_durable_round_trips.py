@@ -23,10 +23,10 @@ from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models.function import AgentInfo
 
 from bastion import AgentTools, define_agent, tool
+from bastion.chat import chat_routes
+from bastion.chat.durable_turns import WORKFLOW_NAME
 from bastion.durable import DurableEngine
-from bastion.durable.turns import WORKFLOW_NAME
 from bastion.stores import PostgresStore
-from bastion.stores.chat import chat_routes
 from bastion.stores.postgres_live import PostgresLiveTurns
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase

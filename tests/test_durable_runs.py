@@ -19,7 +19,9 @@ import pytest
 import uvicorn
 
 from bastion import define_agent
-from bastion.durable import DurableEngine, DurableTurnError, prune_finished_turns, turn_workflow_id
+from bastion.chat.durable_turns import DurableTurnError, prune_finished_turns, turn_workflow_id
+from bastion.chat.endpoint import ChatEndpoint, chat_routes
+from bastion.durable import DurableEngine
 from bastion.persistence import AgentRunInactiveError, RunInput, RunOutcome, ToolOperation
 from bastion.stores import (
     ConversationBusyError,
@@ -29,15 +31,14 @@ from bastion.stores import (
     ToolOperationUncertainError,
     TurnContext,
 )
-from bastion.stores.chat import ChatEndpoint, chat_routes
 from bastion.stores.postgres import PostgresAgentPersistence
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
 from tests.durable_cluster import free_port, until, user_message
 from tests.scripted import ScriptedModel
 from tests.test_chat_routes import Project
+from tests.test_guide_entities import guide_example
 from tests.test_live_turns import GatedModel
-from tests.test_readme_entities import readme_example
 
 
 def message(text: str) -> dict[str, Any]:
@@ -286,10 +287,10 @@ async def test_a_durable_turn_streams_in_its_workflow_can_be_stopped_and_is_prun
         assert left == (0,)
 
 
-async def test_the_readme_durable_example_builds_durable_chat_routes(
+async def test_the_guides_durable_example_builds_durable_chat_routes(
     migrated_database: MigratedDatabase,
 ) -> None:
-    durable_chat = readme_example("durable_chat")["durable_chat"]
+    durable_chat = guide_example("durable_chat", page="durable.md")["durable_chat"]
     agent = define_agent(name="readme-durable", instructions="Answer.")
     routes, engine, store = await durable_chat(migrated_database.app_dsn, agent, ScriptedModel(["hi"]), None)
     try:

@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from bastion import Agent, ToolCall, ToolError, ToolPolicy, define_agent, reconcile_agent_messages, tool
 from bastion.auth import Principal, SupabaseEnv
-from bastion.stream import StreamStatus, create_agent_stream_response
+from bastion.chat.stream_response import StreamStatus, create_agent_stream_response
 from bastion.worker import RequestContext, Route, create_agent_worker
 from tests.ai_sdk import SDKS, approve, run_chat, send
 from tests.live_server import live_server

@@ -1,17 +1,13 @@
-"""The README's code and the examples run, so the documentation cannot drift from the API."""
+"""The guide's code and the examples run, so the documentation cannot drift from the API."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
 import sys
-import textwrap
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-
-import mypy.api
-from pydantic_ai.models import Model
 
 from tests.scripted import Call, ScriptedModel
 
@@ -45,36 +41,37 @@ async def test_the_account_example_offers_only_its_listed_tools() -> None:
     await session.close()
 
 
-def readme_module() -> str:
-    """The README's Python: the first block as a module, the others as the body of one typed turn."""
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
-    assert len(blocks) >= 2
-    body = textwrap.indent("\n".join(blocks[1:]), "    ")
-    return (
-        f"{blocks[0]}\n\n"
-        "async def _readme_turn(model: Model) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:\n"
-        f"{body}\n    return chunks, messages\n"
-    )
+def python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL)
 
 
-async def test_the_readme_code_runs() -> None:
+async def test_the_agents_page_code_runs() -> None:
+    """The guide's first agent calls its tool for the verified caller; its one-turn example assembles."""
+    defined, one_turn = python_blocks(ROOT / "docs" / "agents.md")[:2]
+    namespace: dict[str, Any] = {}
+    exec(defined, namespace)
     model = ScriptedModel([Call("get_identity", {})], ["You are user-1."])
-    namespace: dict[str, Any] = {"Any": Any, "Model": Model}
-    exec(readme_module(), namespace)
-    chunks, messages = await namespace["_readme_turn"](model)
+    session = await namespace["agent"].prepare(context=namespace["Caller"](user_id="user-1"))
+    try:
+        result = await session.stream(model=model, messages=[user_text("Who am I?")])
+        chunks = [chunk async for chunk in result]
+    finally:
+        await session.close()
     [output] = [chunk["output"] for chunk in chunks if chunk["type"] == "tool-output-available"]
     assert output == {"user_id": "user-1"}
+
+    turn: dict[str, Any] = {}
+    exec(one_turn, turn)
+    messages = await turn["one_turn"]()
     assert [message["role"] for message in messages] == ["user", "assistant"]
-    [part] = [part for part in messages[1]["parts"] if part["type"] == "tool-get_identity"]
-    assert part["output"] == {"user_id": "user-1"}
+    assert [part["text"] for part in messages[1]["parts"] if part["type"] == "text"] == ["Hello!"]
 
 
-def test_the_readme_code_passes_mypy_strict(tmp_path: Path) -> None:
-    source = tmp_path / "readme_code.py"
-    source.write_text(f"from typing import Any\n\nfrom pydantic_ai.models import Model\n\n{readme_module()}")
-    # The project's settings and cache: the lint step has already checked bastion itself.
-    stdout, stderr, status = mypy.api.run(
-        ["--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(ROOT / ".mypy_cache"), str(source)]
-    )
-    assert status == 0, stdout + stderr
+def test_the_readme_application_is_the_example_the_tests_run() -> None:
+    """The README's application is `examples/chat_app.py` word for word, which test_chat_routes serves."""
+    [application] = python_blocks(ROOT / "README.md")
+    assert application.strip() in (ROOT / "examples" / "chat_app.py").read_text()
+
+
+def user_text(text: str) -> dict[str, Any]:
+    return {"id": "m1", "role": "user", "parts": [{"type": "text", "text": text}]}

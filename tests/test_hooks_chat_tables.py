@@ -16,10 +16,10 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls
 
 from bastion import define_agent, tool
 from bastion.auth import SupabaseEnv
+from bastion.chat.endpoint import chat_routes
 from bastion.durable import DurableEngine
 from bastion.hooks import HookDelivery, HookRegistry, chat_id_of, persist_sessions, queued_deliveries
 from bastion.stores import PostgresStore, StoreIdentity
-from bastion.stores.chat import chat_routes
 from bastion.worker import create_agent_worker
 from tests.hooks_db import HooksDatabase
 from tests.supabase_tokens import SigningKeys, es256, user_claims

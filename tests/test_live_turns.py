@@ -21,8 +21,9 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls
 
 from bastion import AgentTools, define_agent, tool
 from bastion.auth import SupabaseEnv
+from bastion.chat.endpoint import chat_routes
+from bastion.chat.turn import ChatTurn
 from bastion.stores import PostgresStore, StoreIdentity
-from bastion.stores.chat import ChatTurn, chat_routes
 from bastion.stores.live import ChunkBatch, ChunkLog, StreamAssembly
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
@@ -354,7 +355,7 @@ async def test_a_replayed_log_of_a_taken_over_turn_is_read_without_retracting_an
 
 
 async def test_a_superseded_follow_ends_the_events_without_done_and_without_an_error() -> None:
-    from bastion.stores.chat import _events
+    from bastion.chat.endpoint import _events
     from bastion.stores.live import StreamSuperseded
 
     async def superseded() -> AsyncIterator[dict[str, Any]]:

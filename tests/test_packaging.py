@@ -57,8 +57,8 @@ def refused(label, action):
 
 
 import bastion
-import bastion.auth, bastion.credentials, bastion.stream, bastion.worker
-import bastion.stores.routes
+import bastion.auth, bastion.credentials, bastion.chat.stream_response, bastion.worker
+import bastion.chat, bastion.chat.conversations
 import bastion.client, bastion.versioning
 from bastion import ToolPolicy, assemble_ui_messages, define_agent, start_agent_run, tool
 from bastion.stores import SqliteStore, StoreIdentity, TurnContext

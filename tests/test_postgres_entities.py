@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from bastion.auth import SupabaseEnv
+from bastion.chat.conversations import conversation_routes
 from bastion.stores import (
     ConversationFilter,
     PostgresStore,
@@ -22,7 +23,6 @@ from bastion.stores import (
     apply_migrations,
     available_migrations,
 )
-from bastion.stores.routes import conversation_routes
 from bastion.worker import create_agent_worker
 from tests.entity_app import SCHEMA, TaskState, projects_database
 from tests.pg import PostgresCluster

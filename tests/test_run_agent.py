@@ -11,14 +11,8 @@ from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from bastion import define_agent, tool
-from bastion.stores import (
-    AgentRunContext,
-    ConversationNotFoundError,
-    PostgresStore,
-    SqliteStore,
-    StoreIdentity,
-    run_agent,
-)
+from bastion.chat.headless_turn import AgentRunContext, ConversationNotFoundError, run_agent
+from bastion.stores import PostgresStore, SqliteStore, StoreIdentity
 from tests.scripted import Call, ScriptedModel
 
 Store: TypeAlias = PostgresStore | SqliteStore

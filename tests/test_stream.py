@@ -23,8 +23,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from bastion.chat.stream_response import DEFAULT_ERROR_TEXT, StreamStatus, create_agent_stream_response
 from bastion.stores import check_storable_message
-from bastion.stream import DEFAULT_ERROR_TEXT, StreamStatus, create_agent_stream_response
 from tests.ai_sdk import SDKS, run_chat, send
 
 Chunk = dict[str, Any]

@@ -30,8 +30,8 @@ from bastion import (
     start_agent_run,
     tool,
 )
+from bastion.chat.stream_response import create_agent_stream_response
 from bastion.stores import PostgresStore, SqliteStore, StoreIdentity, TurnContext
-from bastion.stream import create_agent_stream_response
 from tests.live_server import live_server
 from tests.provider_fakes import USAGE_IN, USAGE_OUT, Fake
 from tests.scripted import Call, ScriptedModel

@@ -18,7 +18,7 @@ from bastion import (
     reconcile_agent_messages,
     tool,
 )
-from bastion.stream import create_agent_stream_response
+from bastion.chat.stream_response import create_agent_stream_response
 from tests.scripted import Call, ScriptedModel
 
 executed: list[str] = []

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from bastion.api import openapi_document, operation
 from bastion.auth import SupabaseEnv
-from bastion.stores.routes import ConversationOut
+from bastion.chat.conversations import ConversationOut
 from bastion.versioning import ApiVersioning
 from bastion.worker import RequestContext, Route, create_agent_worker
 from tests.live_server import live_server

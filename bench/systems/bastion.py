@@ -37,6 +37,7 @@ from starlette.responses import Response
 from bastion import Tool, define_agent, start_agent_run, tool
 from bastion._ui_assembly import UIMessageAssembler
 from bastion.auth import Principal, SupabaseEnv
+from bastion.chat.stream_response import StreamStatus, create_agent_stream_response
 from bastion.stores import (
     InvalidInputError,
     PostgresAgentPersistence,
@@ -45,7 +46,6 @@ from bastion.stores import (
     TurnContext,
     apply_migrations,
 )
-from bastion.stream import StreamStatus, create_agent_stream_response
 from bastion.worker import RequestContext, Route, create_agent_worker
 from bench.client import HttpRequest, HttpResponse
 from bench.protocol import CHAT_PATH, VerifiedTurn, chat_request, sse_events, verify_turn

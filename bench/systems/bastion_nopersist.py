@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from bastion import Tool, define_agent, tool
 from bastion.auth import Principal, SupabaseEnv
-from bastion.stream import create_agent_stream_response
+from bastion.chat.stream_response import create_agent_stream_response
 from bastion.worker import RequestContext, Route, create_agent_worker
 from bench.client import HttpRequest
 from bench.protocol import CHAT_PATH, chat_request, verify_turn

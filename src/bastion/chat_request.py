@@ -1,64 +1,15 @@
-"""The AI SDK chat request (the body `useChat` posts): its shape, checked before anything is read or
-stored, and its JSON schema, from the same types.
+"""Deprecated: the chat request's types moved to `bastion.chat.request`."""
 
-Validation is strict JSON (no `"5"` for 5) and keeps the messages as the plain JSON the browser sent:
-reconciliation compares them with the stored ones value for value. The rules that depend on what is
-stored (which moves are legitimate, what a new user message may hold) are `bastion.history`'s.
-"""
+from bastion._moved import moved_names
 
-from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Annotated, Any, Final, Literal
-
-from pydantic import ConfigDict, Field
-from typing_extensions import TypedDict
-
-from bastion.api import StrictModel
-from bastion.history import SUBMIT_MESSAGE
-
-__all__ = [
-    "UI_MESSAGE_CHUNK",
-    "UI_MESSAGE_STREAM_END",
-    "UUID_PATTERN",
-    "ChatRequest",
-    "UIMessage",
-    "UIMessagePart",
-]
-
-UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-
-
-UI_MESSAGE_CHUNK: Final[Mapping[str, Any]] = {
-    "description": "A UI message chunk: `start`, `text-delta`, `tool-input-available`, `finish`, ….",
-    "type": "object",
-    "required": ["type"],
-    "properties": {"type": {"type": "string"}},
+_NEW_HOMES = {
+    "ChatRequest": "bastion.chat",
+    "UIMessage": "bastion.chat.request",
+    "UIMessagePart": "bastion.chat",
+    "UI_MESSAGE_CHUNK": "bastion.chat.request",
+    "UI_MESSAGE_STREAM_END": "bastion.chat.request",
+    "UUID_PATTERN": "bastion.chat.request",
 }
-UI_MESSAGE_STREAM_END: Final = "[DONE]"
 
-
-class UIMessagePart(TypedDict):
-    """One part of an AI SDK UI message: a `type` (`text`, `file`, `tool-<name>`, …) and its fields."""
-
-    __pydantic_config__ = ConfigDict(extra="allow", strict=True)  # type: ignore[misc]
-    type: str
-
-
-class UIMessage(TypedDict):
-    """An AI SDK UI message: `id`, `role` (`user` or `assistant`) and its `parts`, plus any fields the
-    AI SDK adds (`metadata`)."""
-
-    __pydantic_config__ = ConfigDict(extra="allow", strict=True)  # type: ignore[misc]
-    id: Annotated[str, Field(min_length=1, max_length=200)]
-    role: Literal["user", "assistant"]
-    parts: list[UIMessagePart]
-
-
-class ChatRequest(StrictModel):
-    """A chat turn: the conversation's id, the AI SDK trigger and the browser's messages (all of them, or
-    only the latest)."""
-
-    id: Annotated[str, Field(pattern=UUID_PATTERN, description="The conversation's id (a UUID).")]
-    trigger: Literal["submit-message", "regenerate-message"] = SUBMIT_MESSAGE
-    messages: Annotated[list[UIMessage], Field(min_length=1)]
+__all__ = sorted(_NEW_HOMES)
+__getattr__ = moved_names(__name__, _NEW_HOMES, rest="bastion.chat.request")

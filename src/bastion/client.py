@@ -28,9 +28,7 @@ import httpx2
 from pydantic import BaseModel, ConfigDict
 
 from bastion.api import StrictModel
-from bastion.chat_request import UI_MESSAGE_STREAM_END, UIMessage
-from bastion.stores.chat import StopResult
-from bastion.stores.routes import (
+from bastion.chat.conversations import (
     ConversationChange,
     ConversationOut,
     EventList,
@@ -39,6 +37,8 @@ from bastion.stores.routes import (
     NewConversation,
     NewFeedback,
 )
+from bastion.chat.endpoint import StopResult
+from bastion.chat.request import UI_MESSAGE_STREAM_END, UIMessage
 from bastion.versioning import DEFAULT_VERSIONING
 from bastion.worker import status_error_code
 

@@ -50,6 +50,9 @@ from bastion.assistant.schemas import (
 )
 from bastion.assistant.support import INBOX_TENANT, inbox_staff, support_agent
 from bastion.auth import Principal, SupabaseEnv, TokenVerifier
+from bastion.chat.conversations import conversation_routes
+from bastion.chat.endpoint import ChatEndpoint
+from bastion.chat.turn import ChatTurn
 from bastion.durable import DurableEngine
 from bastion.inbox import ContactTokens, InboxChannels, InboxReplies, PostgresInbox, inbox_routes
 from bastion.memory import (
@@ -64,8 +67,6 @@ from bastion.memory import (
 )
 from bastion.memory.offline import NEAR_DUPLICATE_THRESHOLD
 from bastion.stores import NotFoundError, PostgresStore
-from bastion.stores.chat import ChatEndpoint, ChatTurn
-from bastion.stores.routes import conversation_routes
 from bastion.versioning import ApiVersioning
 from bastion.worker import RequestContext, Route, create_agent_worker
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +25,10 @@ DEFAULT_PORT = 8000
 DEFAULT_DATA_DIR = ".bastion"
 DEFAULT_HISTORY_WINDOW = 50
 MCP_AUTH_MODES = ("app", "user")
+# How long retention keeps what is finished (see bastion.retention).
+DEFAULT_RETAIN_TURNS = timedelta(days=7)
+DEFAULT_RETAIN_INBOX_JOBS = timedelta(days=7)
+DEFAULT_RETAIN_EVENTS = timedelta(days=30)
 
 
 class ConfigError(ValueError):
@@ -62,6 +68,9 @@ class AssistantConfig:
     inbox_token_secret: str | None = field(default=None, repr=False)
     durable: bool = True
     hooks: bool = True
+    retain_turns: timedelta = DEFAULT_RETAIN_TURNS
+    retain_inbox_jobs: timedelta = DEFAULT_RETAIN_INBOX_JOBS
+    retain_events: timedelta = DEFAULT_RETAIN_EVENTS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> AssistantConfig:
@@ -105,6 +114,12 @@ class AssistantConfig:
             "inbox_token_secret": text("BASTION_INBOX_TOKEN_SECRET"),
             "durable": _switch("BASTION_DURABLE", text("BASTION_DURABLE"), default=True),
             "hooks": _switch("BASTION_HOOKS", text("BASTION_HOOKS"), default=True),
+            "retain_turns": _age("BASTION_RETAIN_TURNS", text("BASTION_RETAIN_TURNS"))
+            or DEFAULT_RETAIN_TURNS,
+            "retain_inbox_jobs": _age("BASTION_RETAIN_INBOX_JOBS", text("BASTION_RETAIN_INBOX_JOBS"))
+            or DEFAULT_RETAIN_INBOX_JOBS,
+            "retain_events": _age("BASTION_RETAIN_EVENTS", text("BASTION_RETAIN_EVENTS"))
+            or DEFAULT_RETAIN_EVENTS,
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         config = cls(**values)  # type: ignore[arg-type]
@@ -189,6 +204,16 @@ def _switch(name: str, value: str | None, *, default: bool) -> bool:
     if value.lower() in ("0", "off", "false", "no"):
         return False
     raise ConfigError(f"{name} must be on or off, not {value!r}.")
+
+
+def _age(name: str, value: str | None) -> timedelta | None:
+    if value is None:
+        return None
+    match = re.fullmatch(r"([0-9]{1,6})([smhd])", value)
+    if match is None:
+        raise ConfigError(f"{name} must be an age such as 7d, 12h, 45m or 90s, not {value!r}.")
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match[2]]
+    return timedelta(**{unit: int(match[1])})
 
 
 def _positive_int(name: str, value: str | None) -> int | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar, Final
 
 from bastion import AgentTools
+from bastion.api import InvalidRequestError
 from bastion.assistant.config import AssistantConfig, ConfigError
 from bastion.auth import Principal
 from bastion.credentials import (
@@ -36,7 +37,6 @@ from bastion.stores.credentials import (
     Pool,
     PostgresCredentialProvider,
 )
-from bastion.stores.routes import InvalidRequestError
 
 __all__ = [
     "CREDENTIALS_KEY_FILE",

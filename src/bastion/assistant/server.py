@@ -31,6 +31,7 @@ from bastion.assistant.support import inbox_settings
 from bastion.auth import SupabaseEnv
 from bastion.durable import DurableEngine
 from bastion.hooks import HookDelivery
+from bastion.retention import Retention, RetentionPolicy
 from bastion.stores import PostgresStore
 
 __all__ = ["RunningAssistant", "development_sign_in", "running_assistant", "serve", "supabase_env"]
@@ -143,9 +144,21 @@ async def running_assistant(
                 if purged:
                     progress(f"Purged {purged} expired memory operation records.")
                 await app.inbox_replies.start(engine)
+                retention = Retention(
+                    store,
+                    conninfo=database.app_conninfo,
+                    policy=RetentionPolicy(
+                        finished_turns=config.retain_turns,
+                        inbox_jobs=config.retain_inbox_jobs,
+                        delivered_events=config.retain_events,
+                    ),
+                    memory=app.memory_store,
+                )
+                await retention.start(engine)
                 try:
                     yield RunningAssistant(app=app, database=database, asgi=app.asgi())
                 finally:
+                    retention.stop()
                     app.inbox_replies.stop()
         finally:
             await store.close()

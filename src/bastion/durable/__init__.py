@@ -1,10 +1,13 @@
 """Durable execution on DBOS in the application's Postgres: the engine every durable part runs on.
 
 `DurableEngine.launch(conninfo)` starts this process's DBOS (after `migrate_durable` created its
-schema). Chat turns run on it with `chat_routes(durable=engine)` (`bastion.durable.turns`); hooks
+schema). Chat turns run on it with `chat_routes(durable=engine)` (`bastion.chat.durable_turns`); hooks
 and inbox jobs declare their workflows with DBOS's decorators and run on it.
 """
 
+import importlib
+
+from bastion._moved import moved_names
 from bastion.durable.engine import (
     DURABLE_APPLICATION_VERSION,
     DURABLE_SCHEMA,
@@ -13,7 +16,18 @@ from bastion.durable.engine import (
     migrate_durable,
     system_database_url,
 )
-from bastion.durable.turns import DurableTurnError, DurableTurns, prune_finished_turns, turn_workflow_id
+
+# Importing `bastion.durable` declares the chat turn's workflow to DBOS (as it always did), so a
+# process may launch the engine before it builds its chat routes.
+importlib.import_module("bastion.chat.durable_turns")
+
+__getattr__ = moved_names(
+    __name__,
+    {
+        name: "bastion.chat.durable_turns"
+        for name in ("DurableTurnError", "DurableTurns", "prune_finished_turns", "turn_workflow_id")
+    },
+)
 
 __all__ = [
     "DURABLE_APPLICATION_VERSION",

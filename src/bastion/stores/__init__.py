@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from bastion._moved import moved_names
 from bastion.stores._migrations import (
     Migration,
     MigrationChangedError,
@@ -51,13 +52,6 @@ from bastion.stores.filters import (
     InvalidFilterError,
     conversation_cursor,
 )
-from bastion.stores.run import (
-    AgentRunContext,
-    AgentRunResult,
-    ConversationNotFoundError,
-    RunStore,
-    run_agent,
-)
 from bastion.stores.schema import ConversationSchema, InvalidStateError
 from bastion.stores.sqlite import SqliteAgentPersistence, SqliteStore
 
@@ -73,7 +67,7 @@ _POSTGRES_NAMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def _postgres_name(name: str) -> Any:
     """Import a Postgres name when it is first used, so SQLite alone needs no Postgres driver."""
     module = _POSTGRES_NAMES.get(name)
     if module is None:
@@ -81,6 +75,17 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+# `run_agent` and its types moved to `bastion.chat`: a turn is not storage.
+__getattr__ = moved_names(
+    __name__,
+    dict.fromkeys(
+        ("AgentRunContext", "AgentRunResult", "ConversationNotFoundError", "RunStore", "run_agent"),
+        "bastion.chat",
+    ),
+    others=_postgres_name,
+)
 
 
 __all__ = [

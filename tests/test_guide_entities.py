@@ -1,4 +1,4 @@
-"""The README's entity examples (its `py` blocks: `run_agent`, then SQLAlchemy) run as written."""
+"""The entity examples of the guide (`docs/conversations.md`: `run_agent`, then SQLAlchemy) run as written."""
 
 from __future__ import annotations
 
@@ -19,17 +19,17 @@ from tests.scripted import ScriptedModel
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def readme_example(name: str) -> dict[str, Any]:
-    """The namespace of the README's `py` block that defines `name`."""
-    readme = (ROOT / "README.md").read_text()
+def guide_example(name: str, page: str = "conversations.md") -> dict[str, Any]:
+    """The namespace of the guide page's `py` block that defines `name`."""
+    readme = (ROOT / "docs" / page).read_text()
     [block] = [b for b in re.findall(r"```py\n(.*?)```", readme, flags=re.DOTALL) if f"def {name}(" in b]
     namespace: dict[str, Any] = {}
     exec(block, namespace)
     return namespace
 
 
-async def test_the_readme_run_agent_example_continues_its_conversation(tmp_path: Path) -> None:
-    ask_twice = readme_example("ask_twice")["ask_twice"]
+async def test_the_guides_run_agent_example_continues_its_conversation(tmp_path: Path) -> None:
+    ask_twice = guide_example("ask_twice")["ask_twice"]
     model = ScriptedModel(["A framework for serving agents."], ["Agents, served."])
     user_id = str(uuid.uuid4())
     async with await SqliteStore.open(tmp_path / "readme.sqlite3") as store:
@@ -41,7 +41,7 @@ async def test_the_readme_run_agent_example_continues_its_conversation(tmp_path:
     assert "A framework for serving agents." in str(model.requests[1].messages)
 
 
-async def test_the_readme_sqlalchemy_example_returns_only_the_callers_rows(
+async def test_the_guides_sqlalchemy_example_returns_only_the_callers_rows(
     pg_cluster: PostgresCluster,
 ) -> None:
     database = projects_database(pg_cluster)
@@ -56,7 +56,7 @@ async def test_the_readme_sqlalchemy_example_returns_only_the_callers_rows(
         await store.create_conversation(alice, agent_name="writer", columns={"project_id": project})
         await store.create_conversation(bob, agent_name="planner", columns={"project_id": project})
 
-    conversations_with_projects = readme_example("conversations_with_projects")["conversations_with_projects"]
+    conversations_with_projects = guide_example("conversations_with_projects")["conversations_with_projects"]
     engine = create_async_engine(
         URL.create(
             "postgresql+psycopg",

@@ -1,0 +1,407 @@
+"""Durable chat turns: one turn is one DBOS workflow, and a live process finishes a dead one's turns.
+
+`ChatEndpoint(..., durable=engine)` (or `chat_routes(durable=...)`) runs every turn, and every
+approval continuation, as the workflow `bastion.turn` with the id `bastion.turn:{conversation}:{run}`.
+Its input is plain data: the endpoint's name, the verified principal, the conversation, request and
+run ids, the run's state, the messages the turn runs on and the response message's id. DBOS is the
+envelope that outlives a process: the workflow's row, dead executors found, their work handed over.
+
+- The fast path has no queue and does not wait on DBOS: the POST claims the run as before and the
+  turn streams in the response's task at once, while the workflow's row is written beside it; the
+  workflow's body only waits for the turn to end. The stream log's next write then marks the run
+  durable.
+- Model requests are not DBOS steps. A finished request's record (its response and the chunks it
+  streamed) is stored by the run's next write that happens anyway, in the same transaction, keyed
+  by (run, step): the claim of its first tool, a stream log batch, or the turn's close
+  (`bastion.stores.checkpoints`). So a request is stored before any of its tools runs, and a turn
+  costs DBOS only its workflow's row. Each of those writes is fenced by the process running the
+  run, so a process that lost its run to a successor cannot write over it. Tools are not steps
+  either: their exactly-once guarantee stays the operation claim (`AgentRun.execute_tool`), which
+  replays a completed call's stored output and refuses one whose outcome is unknown (unless the
+  tool is idempotent).
+- When the process dies, another process's janitor (`DurableEngine`) hands the workflow to a live
+  process. Finding no local turn, the body rebuilds it from its input (principal, `ChatTurn`, the
+  context factory, `agent.prepare`, `session.stream`), adopts the run and reads its stored requests
+  in one round trip (`adopt_turn`: only while the run is still the conversation's running turn and
+  its process is dead) and runs it headless from the start of its stream log: a stored request
+  re-yields its chunks and response without asking the model, and its replayed chunks overlap what
+  is logged. At the first thing that is not a replay (a model request that runs, a tool that runs
+  or fails), the log starts a new attempt, superseding what the dead process logged from there on.
+  Then the run finishes as usual.
+
+A retried POST meets the run it started as busy (409 with `Retry-After`: a durable run stays live
+until its lease ends, even while its process is dead) and resumes with `GET …/stream`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+from dbos import DBOS, SetWorkflowID
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
+
+from bastion._loop import ExecuteToolHook
+from bastion.auth import Principal
+from bastion.chat.stream_response import AgentStreamResponse
+from bastion.chat.turn import ChatTurn
+from bastion.persistence import AgentRun, RunStart
+from bastion.stores.checkpoints import TurnCheckpoints
+from bastion.stores.entities import StoreIdentity, TurnContext, TurnState
+from bastion.stores.live import ChunkLog
+from bastion.stores.postgres import PostgresAgentPersistence, PostgresStore
+from bastion.tools import CallOrigin
+
+if TYPE_CHECKING:
+    from bastion.chat.endpoint import ChatEndpoint
+    from bastion.durable.engine import DurableEngine
+
+__all__ = ["DurableTurnError", "DurableTurns", "prune_finished_turns", "turn_workflow_id"]
+
+logger = logging.getLogger("bastion.durable")
+
+WORKFLOW_NAME: Final = "bastion.turn"
+_ENDPOINT_WAIT_SECONDS: Final = 10.0
+_IDS: Final = uuid.UUID("0f3c2d9a-41b7-4e0c-8a5e-6b1d7c2e9f48")
+
+Chunk = dict[str, Any]
+
+# This process's durable endpoints by name, and the ends of the turns its own POSTs run (by workflow).
+_ENDPOINTS: dict[str, ChatEndpoint[Any]] = {}
+_LOCAL: dict[str, asyncio.Future[str]] = {}
+
+
+class DurableTurnError(RuntimeError):
+    """Durable turns cannot run as configured; the message says what to change."""
+
+    code: ClassVar[str] = "durable_turns_unavailable"
+
+
+def turn_workflow_id(conversation_id: str, run_id: str) -> str:
+    """The workflow id of a run's turn: one workflow per claimed run."""
+    return f"{WORKFLOW_NAME}:{conversation_id}:{run_id}"
+
+
+async def prune_finished_turns(store: PostgresStore, *, older_than: timedelta) -> tuple[int, int]:
+    """Retention: delete the turn workflows (their inputs hold the conversation) and the stream logs
+    of turns that ended more than `older_than` ago. Returns (workflows, log rows) deleted. Needs this
+    process's launched engine; run it now and then from one worker or a job."""
+    cutoff = (datetime.now(UTC) - older_than).isoformat()
+    finished = await DBOS.list_workflows_async(
+        name=WORKFLOW_NAME,
+        status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
+        completed_before=cutoff,
+        load_input=False,
+        load_output=False,
+    )
+    ids = [workflow.workflow_id for workflow in finished]
+    if ids:
+        await DBOS.delete_workflows_async(ids)
+    return len(ids), await store.prune_run_chunks(older_than=older_than)
+
+
+class DurableTurns:
+    """The durable side of one `ChatEndpoint`: registered by name in this process, so a workflow
+    taken over from another process finds the endpoint to rebuild its turn with."""
+
+    def __init__(self, endpoint: ChatEndpoint[Any], engine: DurableEngine, *, name: str | None) -> None:
+        persistence = endpoint.persistence
+        if not isinstance(persistence, PostgresAgentPersistence):
+            raise DurableTurnError(
+                "Durable turns need the Postgres store (PostgresStore): a turn outlives its process only "
+                "when another process can take it over from the shared database. The SQLite store "
+                "serves one process; use it without durable=."
+            )
+        if endpoint.live is None:
+            raise DurableTurnError("Durable turns need a store with live turns (PostgresStore).")
+        self.endpoint = endpoint
+        self.engine = engine
+        self.name = name or f"{endpoint.agent.name}:{endpoint.path}"
+        _ENDPOINTS[self.name] = endpoint
+
+    async def respond(self, turn: ChatTurn, run: AgentRun[Any, Any]) -> AgentStreamResponse:
+        """The fast path: the claimed turn's response, streaming at once while its workflow starts.
+
+        The turn runs in the response's task and asks the model without waiting on DBOS. Its
+        workflow's row is written meanwhile, and its body returns when the turn ended, however it
+        ended (a save the database refused included): a turn's workflow never stays pending while
+        its process lives. The run is marked durable by the stream log's next write once the
+        workflow exists: a process that died before that leaves a run a newer turn replaces at once.
+        """
+        hooks = _TurnHooks(run, self._persistence.checkpoint(run.state))
+        workflow_id = turn_workflow_id(turn.conversation_id, turn.run_id)
+        ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        _LOCAL[workflow_id] = ended
+        starting = asyncio.ensure_future(_start(workflow_id, self._input(turn, run, hooks.message_id)))
+
+        async def made_durable() -> None:
+            try:
+                await starting
+            except Exception:
+                _LOCAL.pop(workflow_id, None)
+                logger.exception("Starting a durable turn failed; it runs without durability.")
+                return
+            hooks.mark_durable()
+
+        async def runner(run_turn: Callable[[], Awaitable[None]]) -> None:
+            marking = asyncio.ensure_future(made_durable())
+            try:
+                await run_turn()
+            finally:
+                _end(ended)
+                await marking
+
+        hooks.runner = runner
+        try:
+            return await self.endpoint.open_turn(turn, run, durable=hooks)
+        except BaseException:
+            _end(ended)  # the turn failed (and settled) before it streamed
+            raise
+
+    async def take_over(self, workflow_input: dict[str, Any]) -> str:
+        """The recovery path: rebuild the turn from its input, adopt its run and run it headless."""
+        principal = _principal(workflow_input["principal"])
+        identity = StoreIdentity.from_principal(principal)
+        turn = ChatTurn(
+            principal=principal,
+            identity=identity,
+            conversation_id=workflow_input["conversation_id"],
+            request_id=workflow_input["request_id"],
+            run_id=workflow_input["run_id"],
+        )
+        context = _context(turn)
+        state = TurnState(
+            conversation_id=turn.conversation_id,
+            run_id=turn.run_id,
+            revision=int(workflow_input["revision"]),
+            pending_approval_ids=frozenset(workflow_input["pending_approval_ids"]),
+        )
+        persistence = self._persistence
+        stored = await persistence.adopt_turn(context, state)
+        if stored is None:
+            logger.info("The durable turn of run %s was settled or replaced; nothing to do.", turn.run_id)
+            return "superseded"
+        start = RunStart(messages=workflow_input["messages"], state=state, operation_scope=turn.run_id)
+        run = AgentRun(persistence=persistence, context=context, start=start)
+        hooks = _TurnHooks(
+            run,
+            persistence.checkpoint(state),
+            message_id=workflow_input["message_id"],
+            stored={record["step"]: record for record in stored},
+        )
+        response = await self.endpoint.open_turn(turn, run, durable=hooks)
+        await response.run_detached()
+        return "taken_over"
+
+    @property
+    def _persistence(self) -> PostgresAgentPersistence:
+        persistence = self.endpoint.persistence
+        assert isinstance(persistence, PostgresAgentPersistence)
+        return persistence
+
+    def _input(self, turn: ChatTurn, run: AgentRun[Any, Any], message_id: str) -> dict[str, Any]:
+        principal = turn.principal
+        state: TurnState = run.state
+        return {
+            "endpoint": self.name,
+            "principal": {
+                "id": principal.id,
+                "role": principal.role,
+                "email": principal.email,
+                "is_anonymous": principal.is_anonymous,
+                "aal": principal.aal,
+                "session_id": principal.session_id,
+                "tenant_id": principal.tenant_id,
+                "roles": list(principal.roles),
+                "claims": dict(principal.claims),
+            },
+            "conversation_id": turn.conversation_id,
+            "request_id": turn.request_id,
+            "run_id": turn.run_id,
+            "revision": state.revision,
+            "pending_approval_ids": sorted(state.pending_approval_ids),
+            "messages": run.messages,
+            "message_id": message_id,
+        }
+
+
+class _TurnHooks:
+    """One durable turn's additions to the chat route: its model steps and checkpoints, its tool hook
+    (which marks where a taken-over turn stops replaying), its deterministic message id and its
+    runner."""
+
+    def __init__(
+        self,
+        run: AgentRun[Any, Any],
+        checkpoints: TurnCheckpoints,
+        *,
+        message_id: str | None = None,
+        stored: dict[int, dict[str, Any]] | None = None,
+    ) -> None:
+        # Only a taken-over turn (`stored`, maybe empty) has an earlier attempt in the log to
+        # supersede; a first one writes no reset (each would cost the log a write of its own).
+        self._taken_over = stored is not None
+        self.checkpoints = checkpoints
+        run_id: str = run.state.run_id
+        self.message_id = message_id or uuid.uuid5(_IDS, run_id).hex
+        self.runner: Callable[[Callable[[], Awaitable[None]]], Awaitable[None]] | None = None
+        self._log: ChunkLog | None = None
+        self.steps = _ModelSteps(run_id, checkpoints, stored or {}, self._new_attempt)
+
+    def attach(self, log: ChunkLog | None) -> None:
+        self._log = log
+
+    def mark_durable(self) -> None:
+        """The workflow exists: the run's stream log marks it durable with its next write."""
+        if self._log is not None:
+            self._log.mark_durable()
+
+    def _new_attempt(self) -> None:
+        """What follows is produced afresh: it supersedes whatever an earlier attempt logged from here."""
+        if self._log is not None and self._taken_over:
+            self._log.reset()
+
+    def execute_tool(self, hook: ExecuteToolHook) -> ExecuteToolHook:
+        async def execute_tool(
+            *,
+            name: str,
+            tool_call_id: str,
+            input: Any,
+            execute: Callable[[str], Awaitable[Any]],
+            origin: CallOrigin,
+            idempotent: bool,
+        ) -> Any:
+            async def run_it(key: str) -> Any:
+                # The claim that let this run stored the request that called the tool.
+                self._new_attempt()
+                return await execute(key)
+
+            try:
+                return await hook(
+                    name=name,
+                    tool_call_id=tool_call_id,
+                    input=input,
+                    execute=run_it,
+                    origin=origin,
+                    idempotent=idempotent,
+                )
+            except Exception:
+                self._new_attempt()  # a refusal (an outcome unknown) is not what a dead attempt logged
+                raise
+
+        return execute_tool
+
+
+class _ModelSteps:
+    """`ModelSteps` on bastion's own writes: a request stored by an earlier execution of the turn is
+    replayed (its chunks and response, without the model); any other is asked, and its record
+    waits in the turn's checkpoints for the run's next write. A request that failed or was
+    cancelled is not stored: a take-over asks it again."""
+
+    def __init__(
+        self,
+        id_seed: str,
+        checkpoints: TurnCheckpoints,
+        stored: dict[int, dict[str, Any]],
+        new_attempt: Callable[[], None],
+    ) -> None:
+        self.id_seed = id_seed
+        self._checkpoints = checkpoints
+        self._stored = stored
+        self._new_attempt = new_attempt
+
+    def request(
+        self,
+        step: int,
+        produce: Callable[[], AsyncIterator[Chunk]],
+        response: list[ModelResponse],
+    ) -> AsyncIterator[Chunk]:
+        record = self._stored.get(step)
+        if record is not None:
+            return _replayed(record, response)
+        return self._asked(step, produce, response)
+
+    async def _asked(
+        self, step: int, produce: Callable[[], AsyncIterator[Chunk]], response: list[ModelResponse]
+    ) -> AsyncIterator[Chunk]:
+        self._new_attempt()
+        chunks: list[Chunk] = []
+        async for chunk in produce():
+            chunks.append(chunk)
+            yield chunk
+        self._checkpoints.add(
+            step,
+            {
+                "response": ModelMessagesTypeAdapter.dump_python(list[ModelMessage](response), mode="json"),
+                "chunks": chunks,
+            },
+        )
+
+
+async def _replayed(record: dict[str, Any], response: list[ModelResponse]) -> AsyncIterator[Chunk]:
+    for chunk in record["chunks"]:
+        yield chunk
+    [replayed] = ModelMessagesTypeAdapter.validate_python(record["response"])
+    if not isinstance(replayed, ModelResponse):
+        raise DurableTurnError("A stored model request of this turn holds no model response.")
+    response.append(replayed)
+
+
+def _end(ended: asyncio.Future[str]) -> None:
+    if not ended.done():
+        ended.set_result("ran")
+
+
+@DBOS.workflow(name=WORKFLOW_NAME)
+async def _turn_workflow(workflow_input: dict[str, Any]) -> str:
+    """One turn: the one this process's POST runs (the body waits for its end), or one taken over
+    from a dead process."""
+    workflow_id = DBOS.workflow_id
+    ended = _LOCAL.pop(workflow_id, None) if workflow_id is not None else None
+    if ended is not None:
+        return await ended
+    endpoint = await _endpoint(workflow_input["endpoint"])
+    if endpoint is None or endpoint.durable is None:
+        raise DurableTurnError(
+            f"No durable chat endpoint named {workflow_input['endpoint']!r} in this process: build "
+            "the same chat routes (with durable=) in every worker before launching the engine."
+        )
+    return await endpoint.durable.take_over(workflow_input)
+
+
+async def _start(workflow_id: str, workflow_input: dict[str, Any]) -> Any:
+    with SetWorkflowID(workflow_id):
+        return await DBOS.start_workflow_async(_turn_workflow, workflow_input)
+
+
+async def _endpoint(name: str) -> ChatEndpoint[Any] | None:
+    """The named endpoint; a workflow handed to this process while it starts waits for its routes."""
+    for _ in range(int(_ENDPOINT_WAIT_SECONDS / 0.05)):
+        if name in _ENDPOINTS:
+            return _ENDPOINTS[name]
+        await asyncio.sleep(0.05)
+    return _ENDPOINTS.get(name)
+
+
+def _context(turn: ChatTurn) -> TurnContext:
+    return TurnContext(
+        identity=turn.identity, conversation_id=turn.conversation_id, request_id=turn.request_id
+    )
+
+
+def _principal(data: dict[str, Any]) -> Principal:
+    return Principal(
+        id=data["id"],
+        role=data["role"],
+        email=data["email"],
+        is_anonymous=bool(data["is_anonymous"]),
+        aal=data["aal"],
+        session_id=data["session_id"],
+        tenant_id=data["tenant_id"],
+        roles=tuple(data["roles"]),
+        claims=data["claims"],
+    )

@@ -1,0 +1,432 @@
+"""The chat route in one call: a store's conversations served to `useChat` by an agent.
+
+`chat_routes(agent=..., store=..., model=..., context=...)` builds `POST /api/chat`, which claims the
+turn (`start_agent_run`), prepares the agent's session for the caller's context, streams the turn as
+the AI SDK UI message stream, and finishes and settles the run exactly once whatever happens: a
+failure before the stream settles the run as failed, a closed tab lets the turn finish and save. The
+lower-level pieces it is made of (`start_agent_run`, `Agent.prepare`, `AgentSession.stream`,
+`create_agent_stream_response`) stay public for applications that need another shape.
+
+The context factory receives a `ChatTurn`: plain data about who asks and for which conversation, so
+a turn can build its context anywhere (a durable turn rebuilds it in the process that takes it over).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Final, Generic, Protocol, TypeAlias, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_ai.models import KnownModelName, Model
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from bastion.agent import Agent
+from bastion.api import EventStream, StrictModel, json_response, operation
+from bastion.auth import Principal
+from bastion.chat.request import UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END, ChatRequest
+from bastion.chat.stream_response import (
+    UI_MESSAGE_STREAM_HEADERS,
+    AgentStreamResponse,
+    StreamStatus,
+    create_agent_stream_response,
+)
+from bastion.chat.turn import ChatTurn, DurableTurnHooks
+from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
+from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
+from bastion.stores._turns import check_storable_message
+from bastion.stores.entities import Conversation, StoreIdentity, TurnContext, TurnState
+from bastion.stores.errors import InvalidInputError, NotFoundError
+from bastion.stores.live import ChunkLog, LiveTurns, StreamSuperseded
+from bastion.worker import RequestContext, Route
+
+if TYPE_CHECKING:
+    from bastion.chat.durable_turns import DurableTurns
+    from bastion.durable import DurableEngine
+
+__all__ = [
+    "ChatEndpoint",
+    "ChatStore",
+    "ContextFactory",
+    "LiveTurnStore",
+    "ResumeQuery",
+    "StopResult",
+    "chat_routes",
+]
+
+ContextT = TypeVar("ContextT")
+
+logger = logging.getLogger("bastion.stores.chat")  # Its name from before the move, which log settings name.
+
+TITLE_LENGTH: Final = 80
+_SETTLE_POLL_SECONDS: Final = 0.05
+
+
+ContextFactory: TypeAlias = Callable[[ChatTurn], "ContextT | Awaitable[ContextT]"]
+ModelChoice: TypeAlias = "Model | KnownModelName | str"
+
+
+class ChatStore(Protocol):
+    """What the chat route needs of a store (`PostgresStore` and `SqliteStore` both are one)."""
+
+    def persistence(self, *, history_window: int = 100) -> AgentPersistence[TurnContext, TurnState]: ...
+
+    async def create_conversation(
+        self,
+        identity: StoreIdentity,
+        *,
+        title: str | None = None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+    ) -> Conversation[Any]: ...
+
+
+class LiveTurnStore(Protocol):
+    """A store whose turns can be stopped and their streams resumed, from any process."""
+
+    def live_turns(self) -> LiveTurns: ...
+
+
+class StopResult(StrictModel):
+    """The turn a stop was asked of, and whether it settled within the wait."""
+
+    runId: str
+    settled: bool
+
+
+class ResumeQuery(BaseModel):
+    """The resume request's query (unknown parameters are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    resetStep: Annotated[
+        str | None,
+        Field(max_length=10, description="`1` (AI SDK 7): retract a step a taken-over turn re-runs."),
+    ] = None
+
+
+class ChatEndpoint(Generic[ContextT]):
+    """The chat route of one agent over one store; `routes()` lists what it serves."""
+
+    def __init__(
+        self,
+        *,
+        agent: Agent[ContextT],
+        store: ChatStore,
+        model: ModelChoice,
+        context: ContextFactory[ContextT],
+        persistence: AgentPersistence[TurnContext, TurnState] | None = None,
+        history_window: int = 100,
+        path: str = "/api/chat",
+        create_conversations: bool = True,
+        on_error: Callable[[Exception], str] | None = None,
+        stop_wait_seconds: float = 10.0,
+        usage_metadata: bool = False,
+        durable: DurableEngine | None = None,
+        durable_name: str | None = None,
+    ) -> None:
+        self.agent = agent
+        self.store = store
+        self.model = model
+        self.context = context
+        self.persistence = persistence or store.persistence(history_window=history_window)
+        self.path = path.rstrip("/") or "/"
+        self.create_conversations = create_conversations
+        self.on_error = on_error
+        self.stop_wait_seconds = stop_wait_seconds
+        self.usage_metadata = usage_metadata
+        live_turns = getattr(store, "live_turns", None)
+        self.live: LiveTurns | None = live_turns() if callable(live_turns) else None
+        self.durable: DurableTurns | None = None
+        if durable is not None:
+            from bastion.chat.durable_turns import DurableTurns
+
+            self.durable = DurableTurns(self, durable, name=durable_name)
+
+    def routes(self) -> list[Route]:
+        """`POST {path}`: one turn of a conversation, answered with the UI message stream; with a store
+        that has live turns, `POST {path}/{id}/stop` and `GET {path}/{id}/stream` (AI SDK resume).
+        Each is served at `{path}` (the AI SDK's `/api/chat`) and under the API's version prefix."""
+        handlers: list[tuple[str, str, Any]] = [("POST", self.path, self.chat)]
+        if self.live is not None:
+            handlers += [
+                ("POST", f"{self.path}/{{id}}/stop", self.stop),
+                ("GET", f"{self.path}/{{id}}/stream", self.resume),
+            ]
+        # Where the AI SDK's transport finds them, as well as under the API's version prefix.
+        return [
+            Route(method=method, path=path, auth="user", handler=handler, keep_declared_path=True)
+            for method, path, handler in handlers
+        ]
+
+    @operation(
+        body=ChatRequest,
+        responses={200: EventStream("The AI SDK UI message stream", UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END)},
+        errors=(403, 404, 409, 502),
+    )
+    async def chat(self, request: Request, context: RequestContext, *, body: ChatRequest) -> Response:
+        """Run one turn of a conversation and answer with the AI SDK UI message stream."""
+        principal = _principal(context)
+        identity = StoreIdentity.from_principal(principal)
+        claim = TurnContext(
+            identity=identity, conversation_id=str(uuid.UUID(body.id)), request_id=str(uuid.uuid4())
+        )
+        run = await self._start_turn(claim, body)
+        turn = ChatTurn(
+            principal=principal,
+            identity=identity,
+            conversation_id=claim.conversation_id,
+            request_id=claim.request_id,
+            run_id=run.state.run_id,
+        )
+        if self.durable is not None:
+            return await self.durable.respond(turn, run)
+        return await self.open_turn(turn, run)
+
+    async def open_turn(
+        self, turn: ChatTurn, run: AgentRun[Any, Any], *, durable: DurableTurnHooks | None = None
+    ) -> AgentStreamResponse:
+        """The claimed turn `run` as a stream response: context, prepared session, stream, settlement.
+
+        A failure before the stream settles the run as failed. `durable` is what a durable turn
+        adds (`bastion.durable`): its model steps, its tool hook, its message id and its runner.
+        """
+        session = None
+        held = contextlib.ExitStack()
+        stop: asyncio.Event | None = None
+        log: ChunkLog | None = None
+        try:
+            if self.live is not None:
+                stop = held.enter_context(self.live.stop_signal(run.state.run_id))
+                checkpoints = durable.checkpoints if durable is not None else None
+                log = self.live.log(
+                    turn.identity, run.state.run_id, on_stop=stop.set, checkpoints=checkpoints
+                )
+            if durable is not None:
+                durable.attach(log)
+            # A closed tab does not stop the run: the reply is finished and saved for the next visit.
+            agent_context = await _resolved(self.context(turn))
+            execute_tool = run.execute_tool if durable is None else durable.execute_tool(run.execute_tool)
+            session = await self.agent.prepare(context=agent_context, cancel=stop, execute_tool=execute_tool)
+            result = await session.stream(
+                model=self.model,
+                messages=run.messages,
+                steps=durable.steps if durable is not None else None,
+            )
+        except BaseException:
+            held.close()
+            if session is not None:
+                await session.close()
+            await run.finish(status="failed")
+            raise
+        opened = session
+
+        async def on_finish(*, response_message: dict[str, Any], status: StreamStatus) -> None:
+            await run.finish(response_message=response_message, status=status)
+
+        async def on_settled(*, status: StreamStatus) -> None:
+            try:
+                await run.finish(status=status)
+            finally:
+                held.close()
+                await opened.close()
+
+        return create_agent_stream_response(
+            result,
+            original_messages=run.messages,
+            on_finish=on_finish,
+            on_settled=on_settled,
+            on_error=self.on_error,
+            usage_metadata=self.usage_metadata,
+            log=log,
+            message_id=durable.message_id if durable is not None else None,
+            runner=durable.runner if durable is not None else None,
+        )
+
+    @operation(
+        responses={200: StopResult, 202: StopResult, 204: None},
+        errors=(404,),
+    )
+    async def stop(self, request: Request, context: RequestContext) -> Response:
+        """Stop the conversation's running turn, in whichever process runs it.
+
+        The turn settles as cancelled with what it streamed so far. Answers 200 once it settled, 202
+        when it was asked but has not settled within `stop_wait_seconds`, 204 when none was running.
+        """
+        live = self._live()
+        identity = StoreIdentity.from_principal(_principal(context))
+        conversation_id = _conversation_id(context)
+        run_id = await live.request_stop(identity, conversation_id)
+        if run_id is None:
+            return Response(status_code=204)
+        deadline = asyncio.get_running_loop().time() + self.stop_wait_seconds
+        while True:
+            current = await live.live_run(identity, conversation_id)
+            if current is None or current.run_id != run_id:
+                return json_response(StopResult(runId=run_id, settled=True))
+            if asyncio.get_running_loop().time() >= deadline:
+                return json_response(StopResult(runId=run_id, settled=False), status_code=202)
+            await asyncio.sleep(_SETTLE_POLL_SECONDS)
+
+    @operation(
+        responses={
+            200: EventStream("The running turn's UI message stream", UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END),
+            204: None,
+        },
+        query=ResumeQuery,
+        errors=(404,),
+    )
+    async def resume(self, request: Request, context: RequestContext, *, query: ResumeQuery) -> Response:
+        """The AI SDK resume protocol: 204 when no turn is in flight, else the current turn's UI message
+        stream from its start, then live until it ends. `?resetStep=1` (AI SDK 7) retracts a step a
+        taken-over turn re-runs with `reset-step`; otherwise the response closes and the client resumes."""
+        live = self._live()
+        identity = StoreIdentity.from_principal(_principal(context))
+        conversation_id = _conversation_id(context)
+        current = await live.live_run(identity, conversation_id)
+        if current is None:
+            return Response(status_code=204)
+        reset_step = query.resetStep == "1"
+        chunks = live.follow(identity, current.run_id, reset_step=reset_step)
+        return StreamingResponse(_events(chunks), headers=dict(UI_MESSAGE_STREAM_HEADERS))
+
+    def _live(self) -> LiveTurns:
+        if self.live is None:
+            raise NotFoundError()
+        return self.live
+
+    async def _start_turn(self, turn: TurnContext, body: ChatRequest) -> AgentRun[Any, Any]:
+        """Claim the turn. A conversation's first message (the AI SDK client sends one message then)
+        creates it for the caller, but only once it is known to be a message a conversation can start
+        with, so a refused request stores nothing."""
+        try:
+            return await self._claim(turn, body)
+        except NotFoundError:
+            if not self.create_conversations or len(body.messages) != 1:
+                raise
+        await self._create_for_chat(turn, body)
+        return await self._claim(turn, body)
+
+    async def _claim(self, turn: TurnContext, body: ChatRequest) -> AgentRun[Any, Any]:
+        return await start_agent_run(
+            persistence=self.persistence, context=turn, messages=body.messages, trigger=body.trigger
+        )
+
+    async def _create_for_chat(self, turn: TurnContext, body: ChatRequest) -> None:
+        """Create the conversation a valid first message starts. Anything but a new user message speaks
+        of a history that is not there: not found. An id that is taken is left alone: the claim that
+        follows answers 404 for anyone else's conversation."""
+        try:
+            [first] = await reconcile_agent_messages([], body.messages, trigger=body.trigger)
+        except AgentMessagesInvalidError:
+            raise
+        except AgentHistoryConflictError:
+            raise NotFoundError() from None
+        check_storable_message(first)
+        with contextlib.suppress(InvalidInputError):
+            await self.store.create_conversation(
+                turn.identity,
+                conversation_id=turn.conversation_id,
+                title=title_from([first]),
+                agent_name=self.agent.name,
+            )
+
+
+def chat_routes(
+    *,
+    agent: Agent[ContextT],
+    store: ChatStore,
+    model: ModelChoice,
+    context: ContextFactory[ContextT],
+    persistence: AgentPersistence[TurnContext, TurnState] | None = None,
+    history_window: int = 100,
+    path: str = "/api/chat",
+    create_conversations: bool = True,
+    on_error: Callable[[Exception], str] | None = None,
+    stop_wait_seconds: float = 10.0,
+    usage_metadata: bool = False,
+    durable: DurableEngine | None = None,
+    durable_name: str | None = None,
+) -> list[Route]:
+    """The chat routes of `agent` over `store`, for `create_agent_worker(routes=...)`.
+
+    `context(turn)` builds the agent's trusted context for each turn (it may be async).
+    `persistence` defaults to `store.persistence(history_window=...)`. With `create_conversations`
+    a conversation's first message creates it for the caller. `on_error(exc)` gives the text a
+    client sees for a failed turn. A store with live turns (`PostgresStore`) adds the stop and
+    resume routes; a stop waits up to `stop_wait_seconds` for the turn to settle. With
+    `usage_metadata` the `finish` chunk's `messageMetadata` (and so the stored message's `metadata`)
+    carries the turn's token usage (see `create_agent_stream_response`).
+
+    `durable` (a launched `bastion.durable.DurableEngine`, Postgres store only) runs every turn as
+    a durable workflow: when its process dies, a live one takes it over and finishes it from its
+    last completed model request (`durable_name` names the endpoint across processes; default
+    from the agent's name and the path). See `bastion.chat.durable_turns`.
+    """
+    return ChatEndpoint(
+        agent=agent,
+        store=store,
+        model=model,
+        context=context,
+        persistence=persistence,
+        history_window=history_window,
+        path=path,
+        create_conversations=create_conversations,
+        on_error=on_error,
+        stop_wait_seconds=stop_wait_seconds,
+        usage_metadata=usage_metadata,
+        durable=durable,
+        durable_name=durable_name,
+    ).routes()
+
+
+async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """SSE events of a followed stream. A stream the reader cannot retract ends without `[DONE]`: the
+    client sees it cut short and resumes, and the replay it then reads is whole."""
+    try:
+        async for chunk in chunks:
+            yield b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    except StreamSuperseded:
+        logger.info("A resumed stream was superseded by a take-over; the client replays it.")
+        return
+    yield b"data: [DONE]\n\n"
+
+
+def title_from(messages: Sequence[Any]) -> str | None:
+    """A new conversation's title: the start of its latest user text."""
+    for message in reversed(messages):
+        if isinstance(message, Mapping) and message.get("role") == "user":
+            parts = message.get("parts")
+            for part in parts if isinstance(parts, list) else ():
+                if (
+                    isinstance(part, Mapping)
+                    and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)
+                ):
+                    text = " ".join(part["text"].split())
+                    return text[:TITLE_LENGTH] or None
+    return None
+
+
+def _conversation_id(context: RequestContext) -> str:
+    """A malformed id is not found, like a foreign one: ids cannot be probed by their shape."""
+    try:
+        return str(uuid.UUID(str(context.params.get("id"))))
+    except ValueError:
+        raise NotFoundError() from None
+
+
+def _principal(context: RequestContext) -> Principal:
+    if context.principal is None:
+        raise RuntimeError("A user route ran without a verified principal.")
+    return context.principal
+
+
+async def _resolved(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value

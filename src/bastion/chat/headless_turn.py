@@ -1,0 +1,233 @@
+"""One persisted agent turn without HTTP, for scripts and jobs: `run_agent`.
+
+It does what a chat route does for a verified caller, with the identity given by trusted code
+instead of a token: create the conversation (recording the agent's name) or continue one of the
+caller's, claim the turn through the store's persistence (so every tool call goes through its
+operation claim), run the agent, and save the reply with the turn's status. A conversation that is
+missing and one that belongs to someone else raise the same `ConversationNotFoundError`.
+
+The agent's tools get an `AgentRunContext` (or what the application's `context` factory builds from
+it): the caller's identity and the store, so a child agent started with `AgentRunContext.run_agent`
+acts as the same user in the same tenant.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, Protocol, TypeVar, overload
+
+from pydantic_ai.models import KnownModelName, Model
+from pydantic_ai.settings import ModelSettings
+
+from bastion._ui_assembly import UIMessage, UIMessageAssembler, to_client_json
+from bastion.agent import Agent
+from bastion.persistence import AgentPersistence, RunStatus, start_agent_run
+from bastion.stores.entities import Conversation, StoreIdentity, TurnContext, TurnState
+from bastion.stores.errors import NotFoundError
+
+__all__ = ["AgentRunContext", "AgentRunResult", "ConversationNotFoundError", "RunStore", "run_agent"]
+
+ContextT = TypeVar("ContextT")
+
+_TITLE_LENGTH: Final = 80
+
+
+class ConversationNotFoundError(NotFoundError):
+    """The conversation does not exist or is not the caller's: the same error, the same message."""
+
+    default_message = "The conversation was not found."
+
+
+class RunStore(Protocol):
+    """What `run_agent` needs of a store (`PostgresStore` and `SqliteStore` both are one)."""
+
+    async def create_conversation(
+        self,
+        identity: StoreIdentity,
+        *,
+        title: str | None = None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+        state: object = None,
+        columns: Mapping[str, object] | None = None,
+    ) -> Conversation[Any]: ...
+
+    async def get_conversation(self, identity: StoreIdentity, conversation_id: str) -> Conversation[Any]: ...
+
+    def persistence(self, *, history_window: int = 100) -> AgentPersistence[TurnContext, TurnState]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentRunResult:
+    """A finished turn: its conversation, how it ended, and the assistant's UI message as stored."""
+
+    conversation_id: str
+    status: RunStatus
+    message: UIMessage
+    finish_reason: str | None
+
+    @property
+    def text(self) -> str:
+        """The reply's text parts, joined."""
+        return "".join(
+            part.get("text", "") for part in self.message.get("parts", []) if part.get("type") == "text"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentRunContext:
+    """What the agent's tools get: who the turn runs for, in which conversation, through which store."""
+
+    identity: StoreIdentity
+    conversation_id: str
+    store: RunStore = field(repr=False)
+    model: Model | KnownModelName | str = field(repr=False)
+
+    async def run_agent(
+        self,
+        agent: Agent[AgentRunContext],
+        *,
+        message: str,
+        model: Model | KnownModelName | str | None = None,
+        conversation_id: str | None = None,
+    ) -> AgentRunResult:
+        """Run a child agent as the same caller (same user, tenant and claims), in a conversation of its own
+        unless `conversation_id` names one of the caller's."""
+        return await run_agent(
+            agent,
+            message=message,
+            model=model if model is not None else self.model,
+            store=self.store,
+            user_id=self.identity.user_id,
+            tenant_id=self.identity.tenant_id,
+            claims=self.identity.claims,
+            conversation_id=conversation_id,
+        )
+
+
+@overload
+async def run_agent(
+    agent: Agent[AgentRunContext],
+    *,
+    message: str,
+    model: Model | KnownModelName | str,
+    store: RunStore,
+    user_id: str,
+    tenant_id: str | None = None,
+    conversation_id: str | None = None,
+    claims: Mapping[str, Any] | None = None,
+    context: None = None,
+    title: str | None = None,
+    state: object = None,
+    columns: Mapping[str, object] | None = None,
+    history_window: int = 100,
+    model_settings: ModelSettings | None = None,
+) -> AgentRunResult: ...
+
+
+@overload
+async def run_agent(
+    agent: Agent[ContextT],
+    *,
+    message: str,
+    model: Model | KnownModelName | str,
+    store: RunStore,
+    user_id: str,
+    tenant_id: str | None = None,
+    conversation_id: str | None = None,
+    claims: Mapping[str, Any] | None = None,
+    context: Callable[[AgentRunContext], ContextT],
+    title: str | None = None,
+    state: object = None,
+    columns: Mapping[str, object] | None = None,
+    history_window: int = 100,
+    model_settings: ModelSettings | None = None,
+) -> AgentRunResult: ...
+
+
+async def run_agent(
+    agent: Agent[Any],
+    *,
+    message: str,
+    model: Model | KnownModelName | str,
+    store: RunStore,
+    user_id: str,
+    tenant_id: str | None = None,
+    conversation_id: str | None = None,
+    claims: Mapping[str, Any] | None = None,
+    context: Callable[[AgentRunContext], Any] | None = None,
+    title: str | None = None,
+    state: object = None,
+    columns: Mapping[str, object] | None = None,
+    history_window: int = 100,
+    model_settings: ModelSettings | None = None,
+) -> AgentRunResult:
+    """Run one persisted turn of `agent` for `user_id` (in `tenant_id`) and return how it ended.
+
+    Without `conversation_id` a conversation is created for the caller with the agent's name (and
+    `title`, `state`, `columns` when given); with one, it must be the caller's. The identity is trusted
+    as given: call this from code that has verified who it acts for. `claims` are extra token claims
+    the database's rules may read. A failure of the model or a tool is saved as a failed turn, then
+    raised.
+    """
+    if not isinstance(message, str) or not message.strip():
+        raise ValueError("run_agent needs a non-blank message.")
+    identity = StoreIdentity(user_id=user_id, tenant_id=tenant_id, claims=dict(claims or {}))
+    if conversation_id is None:
+        created = await store.create_conversation(
+            identity,
+            title=title if title is not None else _title(message),
+            agent_name=agent.name,
+            state=state,
+            columns=columns,
+        )
+        conversation_id = created.id
+    else:
+        try:
+            conversation_id = (await store.get_conversation(identity, conversation_id)).id
+        except NotFoundError:
+            raise ConversationNotFoundError() from None
+    turn = TurnContext(identity=identity, conversation_id=conversation_id, request_id=str(uuid.uuid4()))
+    user_message = {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": message}]}
+    try:
+        run = await start_agent_run(
+            persistence=store.persistence(history_window=history_window),
+            context=turn,
+            messages=[user_message],
+            trigger="submit-message",
+        )
+    except NotFoundError:
+        raise ConversationNotFoundError() from None
+    run_context = AgentRunContext(
+        identity=identity, conversation_id=conversation_id, store=store, model=model
+    )
+    assembler = UIMessageAssembler({"id": secrets.token_hex(8), "role": "assistant", "parts": []})
+    session = None
+    try:
+        session = await agent.prepare(
+            context=context(run_context) if context is not None else run_context,
+            execute_tool=run.execute_tool,
+        )
+        result = await session.stream(model=model, messages=run.messages, model_settings=model_settings)
+        async for chunk in result:
+            assembler.apply(to_client_json(chunk)[1])
+    except BaseException:
+        partial = assembler.assembled_message()
+        await run.finish(response_message=partial if partial["parts"] else None, status="failed")
+        raise
+    finally:
+        if session is not None:
+            await session.close()
+    status: Literal["completed", "cancelled"] = "cancelled" if result.cancelled else "completed"
+    reply = assembler.assembled_message()
+    await run.finish(response_message=reply, status=status)
+    return AgentRunResult(
+        conversation_id=conversation_id, status=status, message=reply, finish_reason=result.finish_reason
+    )
+
+
+def _title(message: str) -> str | None:
+    return " ".join(message.split())[:_TITLE_LENGTH] or None

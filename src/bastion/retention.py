@@ -1,0 +1,179 @@
+"""Retention that runs by itself: what bastion keeps only for a while, pruned on a schedule.
+
+`Retention.start(engine)` registers a DBOS schedule (`bastion.retention`, every ten minutes by default).
+DBOS names each firing's workflow after the schedule and its time, so however many processes serve,
+each period prunes once, in whichever process dequeues it. A run deletes, each past its age in
+`RetentionPolicy`:
+
+- the workflows of finished turns (their inputs hold the conversation) and the stream logs of runs that
+  ended (a log is replayed only while its run is in flight);
+- the finished inbox reply jobs;
+- the outbox events every hook has passed and no delivery still carries, their failure records, and
+  the hooks' finished delivery workflows;
+- memory's expired operation records (each lives its store's `operation_ttl`).
+
+A running turn's log, an undelivered event and an unexpired recall are never touched. The operators'
+commands (`bastion hooks prune`, `prune_finished_turns`, `prune_outbox`) stay for pruning at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final
+
+from dbos import DBOS
+
+from bastion.chat.durable_turns import prune_finished_turns
+from bastion.hooks import PostgresHookOutbox, Pruned, prune_deliveries, prune_outbox
+from bastion.inbox.replies import REPLY_WORKFLOW
+
+if TYPE_CHECKING:
+    from bastion.durable import DurableEngine
+    from bastion.memory import PostgresMemoryStore
+    from bastion.stores import PostgresStore
+
+__all__ = ["Retention", "RetentionPolicy", "RetentionReport"]
+
+logger = logging.getLogger("bastion.retention")
+
+SCHEDULE_NAME: Final = "bastion.retention"
+# A scheduled run that lands in a process whose retention has not started yet waits this long for it.
+_READY_WAIT_SECONDS: Final = 30.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetentionPolicy:
+    """How long each kind of record is kept after it is finished, and how often retention runs.
+
+    `schedule` is a DBOS cron expression with seconds (six fields).
+    """
+
+    finished_turns: timedelta = timedelta(days=7)
+    inbox_jobs: timedelta = timedelta(days=7)
+    delivered_events: timedelta = timedelta(days=30)
+    schedule: str = "0 */10 * * * *"
+
+    def __post_init__(self) -> None:
+        for name in ("finished_turns", "inbox_jobs", "delivered_events"):
+            if getattr(self, name) < timedelta(0):
+                raise ValueError(f"{name} must not be negative.")
+
+
+@dataclass(frozen=True)
+class RetentionReport:
+    """What one run deleted."""
+
+    turn_workflows: int
+    stream_log_rows: int
+    inbox_jobs: int
+    events: int
+    event_failures: int
+    delivery_workflows: int
+    memory_records: int
+
+
+class Retention:
+    """Prunes `store` (and `memory`, when given) by `policy`; see the module.
+
+    `conninfo` is the application role's connection string, for DBOS's client (the hooks' deliveries).
+    `hooks=False` leaves the outbox alone, for a database without the hooks' migrations.
+    """
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        *,
+        conninfo: str,
+        policy: RetentionPolicy | None = None,
+        hooks: bool = True,
+        memory: PostgresMemoryStore | None = None,
+    ) -> None:
+        self.store = store
+        self.conninfo = conninfo
+        self.policy = policy or RetentionPolicy()
+        self.hooks = hooks
+        self.memory = memory
+
+    async def run_once(self) -> RetentionReport:
+        """Prune everything past its age now."""
+        policy = self.policy
+        workflows, log_rows = await prune_finished_turns(self.store, older_than=policy.finished_turns)
+        inbox_jobs = await _prune_finished(REPLY_WORKFLOW, older_than=policy.inbox_jobs)
+        events, deliveries = Pruned(0, 0), 0
+        if self.hooks:
+            events = await prune_outbox(self.store.pool, policy.delivered_events)
+            hooks = await PostgresHookOutbox(self.store.pool).hooks()
+            deliveries = await prune_deliveries(self.conninfo, hooks, policy.delivered_events)
+        memory_records = await self.memory.purge() if self.memory is not None else 0
+        return RetentionReport(
+            turn_workflows=workflows,
+            stream_log_rows=log_rows,
+            inbox_jobs=inbox_jobs,
+            events=events.events,
+            event_failures=events.failures,
+            delivery_workflows=deliveries,
+            memory_records=memory_records,
+        )
+
+    async def start(self, engine: DurableEngine) -> None:
+        """Run on `engine`'s schedule from now on (one retention per process)."""
+        global _running
+        if _running is not None and _running is not self:
+            raise RuntimeError("Another Retention already runs in this process.")
+        _running = self
+        await DBOS.apply_schedules_async(
+            [
+                {
+                    "schedule_name": SCHEDULE_NAME,
+                    "workflow_fn": _scheduled_retention,
+                    "schedule": self.policy.schedule,
+                }
+            ]
+        )
+
+    def stop(self) -> None:
+        global _running
+        if _running is self:
+            _running = None
+
+
+# DBOS calls scheduled workflows by name, with no application object: the one `Retention` a process
+# runs is found here.
+_running: Retention | None = None
+
+
+@DBOS.workflow(name=SCHEDULE_NAME)
+async def _scheduled_retention(scheduled_at: datetime, context: Any) -> None:
+    deadline = asyncio.get_running_loop().time() + _READY_WAIT_SECONDS
+    while _running is None:
+        if asyncio.get_running_loop().time() >= deadline:
+            logger.warning("Retention of %s skipped: this process runs no retention.", scheduled_at)
+            return
+        await asyncio.sleep(0.5)
+    report = await _run_step()
+    logger.info("Retention of %s: %s", scheduled_at, report)
+
+
+@DBOS.step(name="bastion.retention.run")
+async def _run_step() -> dict[str, int]:
+    """One step, so the DBOS calls inside run as plain calls rather than as steps of their own."""
+    assert _running is not None
+    return asdict(await _running.run_once())
+
+
+async def _prune_finished(workflow_name: str, *, older_than: timedelta) -> int:
+    """Delete the workflows named `workflow_name` that finished more than `older_than` ago."""
+    finished = await DBOS.list_workflows_async(
+        name=workflow_name,
+        status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
+        completed_before=(datetime.now(UTC) - older_than).isoformat(),
+        load_input=False,
+        load_output=False,
+    )
+    ids = [workflow.workflow_id for workflow in finished]
+    if ids:
+        await DBOS.delete_workflows_async(ids)
+    return len(ids)
