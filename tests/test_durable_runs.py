@@ -197,6 +197,15 @@ async def finished(database: MigratedDatabase, conversation: str, run_id: str) -
     return workflow(database, conversation, run_id)
 
 
+def stored_steps(database: MigratedDatabase, run_id: str) -> list[int]:
+    """The steps of the run's stored model requests."""
+    with psycopg.connect(database.admin_dsn) as conn:
+        rows = conn.execute(
+            "select step from bastion.run_steps where run_id = %s order by step", (run_id,)
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
 def runs(database: MigratedDatabase, conversation: str) -> Sequence[tuple[str, str, bool]]:
     with psycopg.connect(database.admin_dsn) as conn:
         return conn.execute(
@@ -276,6 +285,8 @@ async def test_a_durable_turn_streams_in_its_workflow_can_be_stopped_and_is_prun
             ).fetchone()
         # A first execution has no earlier attempt to supersede: its log holds no reset.
         assert kept and kept[0] > 0 and kept[1] == 0
+        # Its model request was stored (keyed by run and step), and is pruned with its log.
+        assert stored_steps(migrated_database, run_id) == [0]
         assert (await prune_finished_turns(store, older_than=timedelta(days=1)))[0] == 0
         deleted, rows = await prune_finished_turns(store, older_than=timedelta(0))
         assert deleted >= 2 and rows >= 2
@@ -285,6 +296,7 @@ async def test_a_durable_turn_streams_in_its_workflow_can_be_stopped_and_is_prun
                 "select count(*) from bastion.run_chunks where run_id = %s", (run_id,)
             ).fetchone()
         assert left == (0,)
+        assert stored_steps(migrated_database, run_id) == []
 
 
 async def test_the_guides_durable_example_builds_durable_chat_routes(

@@ -11,6 +11,8 @@
 -- to a successor (a zombie) can no longer claim, checkpoint, close or log for it. Its log writes
 -- store nothing and answer "stop", so its turn ends.
 --
+-- A finished run's checkpoints are pruned with its stream log (`prune_run_chunks`, same signature).
+--
 -- Expand only: the earlier functions keep their signatures and behaviour.
 
 create table bastion.run_steps (
@@ -129,6 +131,29 @@ begin
       '[]'::jsonb
     )
   );
+end
+$$;
+
+-- As in 0009, deleting the finished runs' checkpoints too; the rows deleted, of both.
+create or replace function bastion.prune_run_chunks(p_age interval) returns bigint
+  language plpgsql
+  security definer
+  set search_path = ''
+  as $$
+declare
+  v_chunks bigint;
+  v_steps bigint;
+begin
+  perform bastion.require_runtime_session();
+  delete from bastion.run_chunks k
+   using bastion.runs r
+   where r.id = k.run_id and r.status <> 'running' and r.finished_at < now() - p_age;
+  get diagnostics v_chunks = row_count;
+  delete from bastion.run_steps s
+   using bastion.runs r
+   where r.id = s.run_id and r.status <> 'running' and r.finished_at < now() - p_age;
+  get diagnostics v_steps = row_count;
+  return v_chunks + v_steps;
 end
 $$;
 
