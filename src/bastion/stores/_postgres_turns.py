@@ -169,9 +169,8 @@ class PostgresAgentPersistence(TurnPersistence):
         return list(adopted["steps"])
 
     async def record_tool_results(self, context: TurnContext, state: TurnState) -> None:
-        """Write the results of this run's finished operations now, not with its next write (a
-        durable turn does so before each model request, so a replayed request never saw a result
-        the store lacks)."""
+        """Write the results of this run's finished operations now, in a transaction of their own,
+        not with its next write (durable chat turns let their stream log's writes carry them)."""
         results = list(state.unrecorded_results)
         if not results:
             return
