@@ -15,6 +15,7 @@ from bastion.stores import PostgresStore, SqliteStore, apply_migrations
 from tests.hooks_db import hooks_database, hooks_store  # noqa: F401  (the hooks' fixtures)
 from tests.inbox_db import inbox, inbox_database, inbox_store  # noqa: F401  (the inbox's fixtures)
 from tests.memory_db import memory_database, memory_store  # noqa: F401  (memory's fixtures)
+from tests.oauth_db import oauth_keys, oauth_pool  # noqa: F401  (the OAuth connections' fixtures)
 from tests.pg import ClusterDatabase, PostgresCluster
 
 

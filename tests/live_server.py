@@ -15,11 +15,21 @@ import uvicorn
 from starlette.types import ASGIApp
 
 
-@contextmanager
-def live_server(app: ASGIApp) -> Iterator[str]:
-    """Yield the base URL of `app` served by uvicorn until the block exits."""
+def reserve_socket() -> socket.socket:
+    """A socket bound to a free port on 127.0.0.1, for an app that must know its URL before it is built."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def base_url(sock: socket.socket) -> str:
+    return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@contextmanager
+def live_server(app: ASGIApp, *, sock: socket.socket | None = None) -> Iterator[str]:
+    """Yield the base URL of `app` served by uvicorn until the block exits (on `sock` when given)."""
+    sock = sock if sock is not None else reserve_socket()
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

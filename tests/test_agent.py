@@ -1282,7 +1282,7 @@ async def test_a_provider_executed_tool_is_streamed_but_never_run_here() -> None
 
 
 async def test_a_cancelled_turn_cancels_the_model_read_it_was_waiting_for() -> None:
-    from bastion._loop import _until_cancelled
+    from bastion._cancel import until_cancelled as _until_cancelled
 
     waiting = asyncio.Event()
     read_cancelled = asyncio.Event()

@@ -392,6 +392,28 @@ async def test_the_page_and_its_assets_are_served(served: Served) -> None:
     assert "frame-ancestors 'none'" in policy
 
 
+async def test_a_wrong_address_is_a_page_for_a_browser_and_json_for_an_api_client(served: Served) -> None:
+    html = {"accept": "text/html,application/xhtml+xml"}
+    page = await served.client.get(f"{served.url}/no-such-page", headers=html)
+    assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+    assert "Nothing here" in page.text and 'href="/"' in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    shown = await served.client.get(f"{served.url}/%3Cscript%3E", headers=html)
+    assert "<script>" not in shown.text and "&lt;script&gt;" in shown.text
+    for path, accept in (("/api/no-such-route", html), ("/no-such-page", {"accept": "application/json"})):
+        answer = await served.client.get(f"{served.url}{path}", headers=accept)
+        assert answer.status_code == 404 and answer.json()["code"] == "not_found"
+
+
+async def test_the_api_reference_is_served_from_the_package_under_the_strict_policy(served: Served) -> None:
+    docs = await served.client.get(f"{served.url}/docs")
+    assert docs.status_code == 200 and 'src="/static/docs.js"' in docs.text
+    policy = docs.headers["content-security-policy"]
+    assert "script-src 'self';" in policy and "style-src 'self';" in policy and "unsafe" not in policy
+    script = await served.client.get(f"{served.url}/static/docs.js")
+    assert script.status_code == 200 and "swagger" in script.text.lower()
+
+
 # The development Auth API: the part of Supabase Auth that supabase-js uses
 
 

@@ -3,6 +3,7 @@ routes list and forget only the caller's own memories."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 from bastion.assistant.config import AssistantConfig, ConfigError, resolve_embedder
 from bastion.assistant.server import running_assistant
 from bastion.memory import OpenAIEmbedder, apply_memory_migrations
+from bastion.memory.postgres import MAX_QUERY_LENGTH
+from bastion.memory.provider import RECALL_QUERY_LENGTH
 from bastion.stores import apply_migrations
 from tests.pg import PostgresCluster
 from tests.test_assistant import Served, chat, free_port, serve_assistant, streamed_text, user_message
@@ -25,7 +28,7 @@ async def served(pg_cluster: PostgresCluster, tmp_path: Path) -> AsyncIterator[S
 
 
 async def test_a_name_told_in_one_conversation_is_recalled_in_a_new_one_and_only_for_its_owner(
-    served: Served,
+    served: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
     ada, bob = await served.sign_in("ada"), await served.sign_in("bob")
     told = await chat(served, ada, str(uuid.uuid4()), [user_message("my name is Ada")])
@@ -34,6 +37,12 @@ async def test_a_name_told_in_one_conversation_is_recalled_in_a_new_one_and_only
 
     asked = await chat(served, ada, str(uuid.uuid4()), [user_message("what is my name?")])
     assert "Your name is Ada" in streamed_text(asked)
+    # A message longer than a recall query may be (a pasted document) recalls for its opening.
+    pasted = "what is my name? " + "Here is the report. " * 500
+    assert len(pasted) > MAX_QUERY_LENGTH > RECALL_QUERY_LENGTH
+    asked_at_length = await chat(served, ada, str(uuid.uuid4()), [user_message(pasted)])
+    assert "Your name is Ada" in streamed_text(asked_at_length)
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
     other = await chat(served, bob, str(uuid.uuid4()), [user_message("what is my name?")])
     assert "I don't know your name yet" in streamed_text(other)
 
@@ -63,6 +72,7 @@ async def test_a_malformed_memory_id_is_a_400_and_no_token_a_401(served: Served)
     ada = await served.sign_in("ada")
     malformed = await served.client.delete(f"{served.url}/api/memories/not-a-uuid", headers=ada)
     assert (malformed.status_code, malformed.json()["code"]) == (400, "invalid_input")
+    assert "^" not in malformed.json()["message"]  # no regular expression
     assert (await served.client.get(f"{served.url}/api/memories")).status_code == 401
 
 

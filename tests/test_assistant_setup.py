@@ -19,6 +19,7 @@ import pytest
 from bastion import define_agent, tool
 from bastion.assistant.config import AssistantConfig, ConfigError, resolve_model
 from bastion.assistant.demo_model import DEMO_NOTICE, demo_model
+from bastion.assistant.demo_replies import LONG_ANSWER, MARKDOWN_SAMPLE
 from bastion.assistant.dev_auth import DevelopmentSignIn, InvalidUserNameError
 from bastion.assistant.remote import credentials_keyring
 from bastion.assistant.server import supabase_env
@@ -301,3 +302,42 @@ def test_bastion_serve_says_when_the_database_is_unreachable(tmp_path: Path) -> 
     assert done.returncode == 2
     assert "Cannot reach the database in DATABASE_URL" in done.stderr
     assert "unset DATABASE_URL" in done.stderr
+
+
+async def demo_text(prompt: str, tools: Any = demo_tools, **settings: Any) -> str:
+    agent = define_agent(name="demo", instructions="", tools=tools)
+    session = await agent.prepare(context=None)
+    chunks = await collect(await session.stream(model=demo_model(**settings), messages=[user(prompt)]))
+    return "".join(chunk["delta"] for chunk in chunks if chunk["type"] == "text-delta")
+
+
+async def test_the_demo_model_shows_markdown_and_a_long_answer_on_request() -> None:
+    shown = await demo_text("show me markdown")
+    assert shown == MARKDOWN_SAMPLE
+    for piece in ("## ", "\n- ", "| Part | Where it lives |", "```python\n"):
+        assert piece in shown
+    long = await demo_text("explain bastion in detail", word_delay=0)
+    assert long == LONG_ANSWER and len(long.split()) > 300
+    assert await demo_text("write a long story", word_delay=0) == LONG_ANSWER
+
+
+async def test_the_demo_model_tells_tool_results_in_words() -> None:
+    said = await demo_text("who am I?")
+    assert "You are signed in as the user u1" in said
+    assert "{" not in said and "returned" not in said
+    assert "You have no notes yet" in await demo_text("show my notes")
+
+
+async def test_the_demo_model_suggests_what_fits_where_it_runs() -> None:
+    assert "“show my notes”" in await demo_text("hello")
+
+    def support_tools(context: Any) -> list[Any]:
+        @tool
+        async def handoff_to_human(reason: str) -> dict[str, bool]:
+            """Hand the conversation to staff."""
+            return {"handed_off": True}
+
+        return [handoff_to_human]
+
+    in_widget = await demo_text("hello", support_tools)
+    assert "talk to a person" in in_widget and "notes" not in in_widget

@@ -15,6 +15,7 @@ import pytest
 from bastion import define_agent
 from bastion.auth import SupabaseEnv
 from bastion.chat.endpoint import chat_routes
+from bastion.chat.request import ChatRequest, EmptyMessageError
 from bastion.chat.turn import ChatTurn
 from bastion.stores import SqliteStore, StoreIdentity
 from bastion.worker import create_agent_worker
@@ -110,6 +111,8 @@ async def test_a_failing_context_factory_settles_the_run_and_frees_the_conversat
         ({"id": "not-a-uuid", "messages": [{"id": "u", "role": "user", "parts": []}]}, "invalid_input"),
         ({"id": str(uuid.uuid4()), "messages": []}, "invalid_input"),
         ({"id": str(uuid.uuid4()), "messages": [{}], "trigger": "resume"}, "invalid_input"),
+        ({"id": str(uuid.uuid4()), "messages": [user("")]}, "empty_message"),
+        ({"id": str(uuid.uuid4()), "messages": [user(" \n\t ")]}, "empty_message"),
     ],
 )
 async def test_a_malformed_chat_request_is_a_400(
@@ -123,7 +126,36 @@ async def test_a_malformed_chat_request_is_a_400(
         response = await http.post("/api/chat", json=body, headers=project.headers())
     assert response.status_code == 400
     assert response.json()["code"] == code
+    assert "^" not in response.json()["message"]  # no regular expression in words for a person
     assert await sqlite.list_conversations(IDENTITY) == []
+
+
+async def test_a_bad_conversation_id_is_said_in_words(sqlite: SqliteStore) -> None:
+    project = Project()
+    routes = chat_routes(
+        agent=define_agent(name="helper", instructions="Answer."),
+        store=sqlite,
+        model=ScriptedModel(),
+        context=lambda turn: turn,
+    )
+    app = create_agent_worker(env=project.env, routes=routes)
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://t") as http:
+        body = {"id": "not-a-uuid", "messages": [user("hello")]}
+        response = await http.post("/api/chat", json=body, headers=project.headers())
+    assert response.json() == {"code": "invalid_input", "message": "id: must be a UUID.", "field": "id"}
+
+
+async def test_an_empty_message_is_refused_with_its_own_code_but_a_file_alone_is_a_message() -> None:
+    empty = {"id": "m", "role": "user", "parts": [{"type": "text", "text": "  "}]}
+    with pytest.raises(EmptyMessageError) as refused:
+        ChatRequest.model_validate({"id": ADA, "messages": [empty]})
+    assert (refused.value.code, refused.value.status) == ("empty_message", 400)
+    assert refused.value.field == "messages[0].parts"
+    picture = {"type": "file", "mediaType": "image/png", "url": "https://example.com/a.png"}
+    sent = {"id": "m", "role": "user", "parts": [{"type": "text", "text": ""}, picture]}
+    assert ChatRequest.model_validate({"id": ADA, "messages": [sent]}).messages == [sent]
+    answer = {"id": "a", "role": "assistant", "parts": []}  # an approval's answer says nothing new
+    assert ChatRequest.model_validate({"id": ADA, "messages": [empty, answer]}).messages[-1] == answer
 
 
 async def test_a_first_message_creates_the_conversation_for_the_agent_and_the_context_knows_the_run(

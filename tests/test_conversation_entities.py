@@ -34,6 +34,7 @@ from bastion.stores import (
     StoreIdentity,
     conversation_cursor,
 )
+from bastion.stores.entities import title_from_text
 from bastion.worker import create_agent_worker
 from tests.entity_app import SCHEMA, SQLITE_PROJECTS, Checklist, TaskState, projects_database
 from tests.pg import PostgresCluster
@@ -317,3 +318,14 @@ async def test_the_list_route_filters_by_agent_and_pages_with_next(lite: SqliteS
             seen += [c["id"] for c in page["conversations"]]
             query = f"/api/conversations?agent=planner&limit=2&cursor={page['next']}" if page["next"] else ""
     assert seen == [c.id for c in reversed(planners)]
+
+
+def test_a_long_first_message_makes_a_title_cut_at_a_word() -> None:
+    long = "Please plan the launch of the new pricing page with the marketing team before Friday afternoon"
+    title = title_from_text(long, max_length=80)
+    assert title == "Please plan the launch of the new pricing page with the marketing team before…"
+    assert title is not None and len(title) <= 80
+    assert title_from_text("  a  short\n title ", max_length=80) == "a short title"
+    assert title_from_text(" \n ", max_length=80) is None
+    one_word = "x" * 100  # no word boundary near the end: cut where it must be
+    assert title_from_text(one_word, max_length=80) == "x" * 79 + "…"

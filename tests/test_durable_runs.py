@@ -337,7 +337,7 @@ async def test_a_durable_turns_checkpoints_ride_its_writes_and_a_zombie_cannot_w
         assert checkpoints.pending == {}
         # Its worker lock is lost (and not taken again while the run is adopted): to the others it is
         # dead, though it runs on.
-        await zombie._leases.close()
+        await zombie.leases.close()
         assert zombie._liveness is not None
         await zombie._liveness.close()
         stored = await successor.persistence().adopt_turn(context, state)

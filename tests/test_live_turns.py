@@ -209,7 +209,7 @@ async def test_a_turn_is_stopped_from_another_worker_and_keeps_what_it_streamed(
         posted = await start_turn(http, first.url, project.headers(ada), conversation, "hi")
         await model.waiting.wait()
         # Wait until the partial text reached the log, so "what was streamed" is well defined.
-        await wait_for_chunks(first.store, identity, conversation, "Partial answer")
+        await wait_for_chunks(second.store, identity, conversation, "Partial answer")
         foreign = await http.post(
             f"{second.url}/api/chat/{conversation}/stop", headers=project.headers(grace)
         )
@@ -234,24 +234,24 @@ async def test_a_turn_is_stopped_from_another_worker_and_keeps_what_it_streamed(
 
 
 async def wait_for_chunks(
-    store: PostgresStore, identity: StoreIdentity, conversation: str, text: str, *, kind: str = "text-delta"
+    store: PostgresStore, identity: StoreIdentity, conversation: str, text: str
 ) -> None:
+    """Follow the conversation's running turn through `store` (another worker's) until its text is `text`:
+    the follower makes the running worker write its stream log at once."""
     live = store.live_turns()
     for _ in range(150):
         current = await live.live_run(identity, conversation)
         if current is not None:
-            async with store.transaction(identity) as conn:
-                cursor = await conn.execute(
-                    "select coalesce(jsonb_agg(c), '[]') from bastion.run_chunks k, "
-                    "jsonb_array_elements(k.chunks) c where k.run_id = %s",
-                    (current.run_id,),
-                )
-            row = await cursor.fetchone()
-            chunks = row[0] if row else []
-            if "".join(c.get("delta", "") for c in chunks if c["type"] == "text-delta") == text and any(
-                c["type"] == kind for c in chunks
-            ):
-                return
+            streamed = ""
+            chunks = live.follow(identity, current.run_id)
+            try:
+                async with asyncio.timeout(5):
+                    async for chunk in chunks:
+                        streamed += chunk.get("delta", "") if chunk["type"] == "text-delta" else ""
+                        if streamed == text:
+                            return
+            finally:
+                await chunks.aclose()  # type: ignore[attr-defined]
         await asyncio.sleep(0.02)
     raise AssertionError("The turn's stream never reached the log.")
 

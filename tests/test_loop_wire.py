@@ -380,8 +380,23 @@ async def test_a_cancel_set_as_the_last_step_ends_makes_the_turn_cancelled() -> 
     assert result.cancelled is True and result.finish_reason == "other"
 
 
+async def test_watching_a_cancel_signal_reads_a_models_events_in_one_task_not_one_per_event() -> None:
+    from bastion._cancel import until_cancelled as _until_cancelled
+
+    readers: list[asyncio.Task[Any] | None] = []
+
+    async def events() -> AsyncIterator[Any]:
+        for index in range(50):
+            readers.append(asyncio.current_task())
+            yield index
+
+    cancel = asyncio.Event()
+    assert [event async for event in _until_cancelled(events(), cancel)] == list(range(50))  # type: ignore[arg-type]
+    assert len(set(readers)) == 1
+
+
 async def test_a_set_cancel_signal_ends_the_models_events_without_reading_them() -> None:
-    from bastion._loop import _until_cancelled
+    from bastion._cancel import until_cancelled as _until_cancelled
 
     read: list[int] = []
 

@@ -264,7 +264,7 @@ MOVED_MODULES = {
 MOVED_NAMES = {
     ("bastion.chat_request", "ChatRequest"): "bastion.chat",
     ("bastion.chat_request", "UIMessagePart"): "bastion.chat",
-    ("bastion.stream", "AgentStreamResult"): "bastion.chat.stream_response",
+    ("bastion.stream", "AgentStreamResult"): "bastion",
     ("bastion.stream", "UIMessage"): "bastion.chat.stream_response",
     ("bastion.stores.routes", "InvalidRequestError"): "bastion.api",
     ("bastion.stores.routes", "json_body"): "bastion.api",
@@ -280,7 +280,7 @@ MOVED_NAMES = {
     },
     **{
         ("bastion.durable", name): "bastion.chat.durable_turns"
-        for name in ("DurableTurnError", "DurableTurns", "prune_finished_turns", "turn_workflow_id")
+        for name in ("DurableTurns", "prune_finished_turns")
     },
 }
 

@@ -379,7 +379,7 @@ async def test_a_finish_of_a_replaced_run_forgets_the_tail(store: PostgresStore)
     await expiring.finish_run(
         first_context, first.state, RunOutcome(status="completed", response_message=assistant_message("late"))
     )
-    assert store._tails.get(tail_key(alice, conversation_id)) is None
+    assert store.claim_cache.get(tail_key(alice, conversation_id)) is None
     start = await turn(store.persistence(), alice, conversation_id, [user_message("u4")])
     assert [m["id"] for m in start.messages] == ["u1", "a1", "u2", "u3", "a3", "u4"]
 
@@ -524,18 +524,18 @@ async def test_large_messages_never_make_the_store_remember_more_than_its_bytes(
                 answer = assistant_message(f"a{n}", "y" * 100)
                 await turn(persistence, alice, cid, [*histories[cid], message], response=answer)
                 histories[cid] += [message, answer]
-                assert store._tails.bytes <= budget
-        remembered = [store._tails.get(tail_key(alice, cid)) for cid in conversations]
+                assert store.claim_cache.bytes <= budget
+        remembered = [store.claim_cache.get(tail_key(alice, cid)) for cid in conversations]
         kept = [entry for entry in remembered if entry is not None]
         assert 0 < len(kept) < len(conversations)
         assert remembered[-1] is not None  # the most recent conversation stays
         for entry in kept:
             assert entry.sizes == tuple(row_size(message) for _, message in entry.rows)
-        assert store._tails.bytes == sum(entry.size for entry in kept)
+        assert store.claim_cache.bytes == sum(entry.size for entry in kept)
         big = user_message("u9", "z" * (budget // 8))
         cid = conversations[-1]
         await turn(persistence, alice, cid, [*histories[cid], big], response=assistant_message("a9"))
-        assert store._tails.get(tail_key(alice, cid)) is None
+        assert store.claim_cache.get(tail_key(alice, cid)) is None
         assert [m["id"] for m in await stored(store, alice, cid)][-2:] == ["u9", "a9"]
 
 

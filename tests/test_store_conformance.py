@@ -82,7 +82,9 @@ async def lease_of(store: Store, who: StoreIdentity, run_id: str) -> float:
         assert row is not None
         return float(row[0])
     query = "select lease_expires_at from bastion_runs where id = ?"
-    micros = await store._run(lambda conn: conn.execute(query, (run_id,)).fetchone()[0], write=False)
+    micros = await store.run_in_transaction(
+        lambda conn: conn.execute(query, (run_id,)).fetchone()[0], write=False
+    )
     return float(micros) / 1_000_000
 
 
@@ -565,7 +567,7 @@ async def test_a_live_run_keeps_renewing_its_short_lease_until_it_finishes(store
     persistence = store.persistence(lease_seconds=1.5)
     ctx = context(alice, conversation.id)
     start = await persistence.start_run(ctx, RunInput(messages=[user_message("u1")], trigger=SUBMIT))
-    keeper = store._leases
+    keeper = store.leases
     renewals: list[list[str]] = []
     renewed = asyncio.Event()
     renew = keeper._renew

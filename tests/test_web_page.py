@@ -143,7 +143,7 @@ async def test_the_page_with_development_sign_in(
     assert steps["approved"]["rawHidden"]  # the raw JSON is one click away, not on the card
     assert steps["approved"]["raw"]["input"] == {"text": "the launch is on Friday"}
     assert steps["approved"]["raw"]["output"]["text"] == "the launch is on Friday"
-    assert "save_note returned" in steps["approved"]["text"]
+    assert "Done: I saved your note “the launch is on Friday”" in steps["approved"]["text"]
     assert "You denied this: “Not a secret for notes”. It did not run." in steps["denied"]["card"]
     assert "I did not do that" in steps["denied"]["text"]
     for raw_state in ("approval-requested", "output-available", "output-denied", "input-available"):

@@ -452,7 +452,10 @@ async def test_declared_body_over_the_limit_is_413(client: httpx2.AsyncClient, t
     response = await client.post("/echo", headers=bearer(token), content=b"x" * 2048)
 
     assert response.status_code == 413
-    assert response.json()["code"] == "body_too_large"
+    assert response.json() == {
+        "code": "body_too_large",
+        "message": "The request body is too large: this server takes at most 1 KB.",
+    }
 
 
 async def test_streamed_body_over_the_limit_is_413(client: httpx2.AsyncClient, token: str) -> None:
@@ -464,6 +467,7 @@ async def test_streamed_body_over_the_limit_is_413(client: httpx2.AsyncClient, t
 
     assert response.status_code == 413
     assert response.json()["code"] == "body_too_large"
+    assert "at most 1 KB" in response.json()["message"]
 
 
 async def test_body_of_an_unauthenticated_request_is_refused_before_its_size_matters(
@@ -598,3 +602,25 @@ async def test_a_busy_conversation_is_a_409_that_says_when_to_retry() -> None:
     assert response.json()["code"] == "turn_conflict"
     assert stale.status_code == 409
     assert "retry-after" not in stale.headers
+
+
+def test_require_principal_gives_the_verified_user_and_refuses_a_route_that_ran_without_one() -> None:
+    from bastion.auth import Principal
+
+    alice = Principal(
+        id="alice",
+        role="authenticated",
+        email=None,
+        is_anonymous=False,
+        aal=None,
+        session_id=None,
+        tenant_id=None,
+        roles=(),
+        claims={},
+    )
+    env = SupabaseEnv(url="https://project.supabase.co")
+    verified = RequestContext(principal=alice, params={}, env=env, cancel=asyncio.Event())
+    assert verified.require_principal() is alice
+    anonymous = RequestContext(principal=None, params={}, env=env, cancel=asyncio.Event())
+    with pytest.raises(RuntimeError, match="without a verified principal"):
+        anonymous.require_principal()

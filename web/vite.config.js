@@ -15,10 +15,11 @@ export default defineConfig({
     chunkSizeWarningLimit: 2000,
     modulePreload: { polyfill: false },
     rollupOptions: {
-      // The chat page, and the support widget's demo page.
+      // The chat page, the support widget's demo page, and the API reference.
       input: {
         index: fileURLToPath(new URL('index.html', import.meta.url)),
         widget: fileURLToPath(new URL('widget.html', import.meta.url)),
+        docs: fileURLToPath(new URL('docs.html', import.meta.url)),
       },
       output: {
         entryFileNames: chunk => (chunk.name === 'index' ? 'app.js' : '[name].js'),

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 SYSTEMS: Final[dict[str, str]] = {
     "bastion": "bench.systems.bastion",
+    "bastion-chat-routes": "bench.systems.bastion_chat_routes",
     "bastion-nopersist": "bench.systems.bastion_nopersist",
     "pydantic-ai-adapter": "bench.systems.pydantic_ai_adapter",
     "langgraph-pg": "bench.systems.langgraph_pg",

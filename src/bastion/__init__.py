@@ -5,8 +5,9 @@ This module is the public API; every other module's names are private unless re-
 
 from bastion._cancel import AgentCancelledError
 from bastion._extras import MissingExtraError
-from bastion._loop import AgentStreamResult, ExecuteToolHook
+from bastion._loop import AgentStreamResult
 from bastion._telemetry import TokenUsage
+from bastion._turn_plan import ExecuteToolHook
 from bastion._ui_assembly import InvalidUIMessageChunkError, assemble_ui_messages
 from bastion.agent import Agent, AgentSession, AgentSessionClosedError, AgentTools, define_agent
 from bastion.approvals import AgentApprovalAuthorizationError, ApprovalDecision

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import Any
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+EventT = TypeVar("EventT")
 
 
 class AgentCancelledError(Exception):
@@ -39,3 +42,67 @@ async def unless_cancelled(work: Awaitable[Any], cancel: asyncio.Event | None) -
         await asyncio.gather(task, return_exceptions=True)
         raise AgentCancelledError
     return task.result()
+
+
+async def until_cancelled(
+    events: AsyncIterable[EventT], cancel: asyncio.Event | None
+) -> AsyncIterator[EventT | None]:
+    """The model's events, then None once `cancel` is set, even while the model is between tokens.
+
+    One task reads the model for the whole request and hands its events over through a buffer, so
+    watching `cancel` costs a check per event, not a task and a wait of its own.
+    """
+    if cancel is None:
+        async for event in events:
+            yield event
+        return
+    if cancel.is_set():
+        yield None
+        return
+    buffer: deque[EventT] = deque()
+    ready = asyncio.Event()
+    ended: list[BaseException | None] = []
+
+    async def read() -> None:
+        try:
+            async for event in events:
+                buffer.append(event)
+                ready.set()
+        except BaseException as error:
+            ended.append(error)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+        else:
+            ended.append(None)
+        finally:
+            ready.set()
+
+    reader = asyncio.ensure_future(read())
+    watcher = asyncio.ensure_future(cancel.wait())
+    watcher.add_done_callback(lambda _: ready.set())
+    try:
+        while True:
+            if cancel.is_set():
+                if not reader.done():
+                    reader.cancel()
+                    await asyncio.gather(reader, return_exceptions=True)
+                yield None
+                return
+            if buffer:
+                yield buffer.popleft()
+            elif ended:
+                if ended[0] is not None:
+                    raise ended[0]
+                return
+            else:
+                ready.clear()
+                await ready.wait()
+    finally:
+        watcher.cancel()
+        if not reader.done():
+            reader.cancel()  # the reader itself was cancelled while it waited for the model
+
+
+def this_task_is_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -25,7 +25,6 @@ from pydantic_ai.messages import (
     ModelRequest,
     ModelRequestPart,
     ModelResponse,
-    ModelResponseStreamEvent,
     NativeToolCallPart,
     NativeToolReturnPart,
     PartDeltaEvent,
@@ -45,9 +44,11 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_core import to_jsonable_python
 
 from bastion import _telemetry
-from bastion._cancel import AgentCancelledError, unless_cancelled
-from bastion._telemetry import TokenUsage
-from bastion._ui_messages import ConvertedHistory, denial_text
+from bastion._cancel import AgentCancelledError, this_task_is_cancelled, unless_cancelled, until_cancelled
+from bastion._telemetry import TokenUsage, tool_attributes
+from bastion._turn_plan import ModelSteps, TurnPlan
+from bastion._ui_chunks import Chunk, close_open_parts, tool_input_error_chunk
+from bastion._ui_messages import denial_text
 from bastion.errors import ToolError
 from bastion.policies import GENERIC_TOOL_ERROR, tool_requires_approval
 from bastion.tools import (
@@ -64,8 +65,6 @@ logger = logging.getLogger("bastion.loop")
 
 _DURABLE_IDS = uuid.UUID("5b0d3c1e-6f0a-4c59-9d1e-2a7c8b4f3e10")  # namespace of durable turns' ids
 
-Chunk = dict[str, Any]
-
 _FINISH_REASONS = {
     "stop": "stop",
     "length": "length",
@@ -73,60 +72,6 @@ _FINISH_REASONS = {
     "tool_call": "tool-calls",
     "error": "error",
 }
-
-
-class ExecuteToolHook(Protocol):
-    """Where every execution passes, e.g. `AgentRun.execute_tool` for exactly-once claims.
-
-    The hook decides the call's operation key from its `origin` and runs the side effect with
-    `execute(key)`, or returns the stored result of that operation without running it.
-    """
-
-    def __call__(
-        self,
-        *,
-        name: str,
-        tool_call_id: str,
-        input: Any,
-        execute: Callable[[str], Awaitable[Any]],
-        origin: CallOrigin,
-        idempotent: bool,
-    ) -> Awaitable[Any]: ...
-
-
-class ModelSteps(Protocol):
-    """Runs each model request of a turn as a durable step (`bastion.chat.durable_turns`).
-
-    `request(step, produce, response)` yields the request's chunks: live from `produce()` when the
-    step runs (which leaves the `ModelResponse` in `response`), or as recorded when a completed step
-    is replayed (then it puts the recorded response there itself). `id_seed` makes the ids the loop
-    generates (approval ids) the same in every execution of the turn.
-    """
-
-    id_seed: str
-
-    def request(
-        self,
-        step: int,
-        produce: Callable[[], AsyncIterator[Chunk]],
-        response: list[ModelResponse],
-    ) -> AsyncIterator[Chunk]: ...
-
-
-@dataclass
-class TurnPlan:
-    """Everything one turn needs, prepared by the session before the model is called."""
-
-    history: ConvertedHistory
-    approvals: list[dict[str, Any]]
-    approvals_outstanding: bool
-    tools: dict[str, Tool]
-    instructions: str
-    skill_instructions: str | None
-    tool_instructions: str | None
-    max_steps: int
-    tool_retries: int
-    execute_tool: ExecuteToolHook | None
 
 
 class AgentStreamResult:
@@ -275,9 +220,9 @@ class AgentStreamResult:
             model_settings=self._model_settings,
             model_request_parameters=parameters,
         ) as stream:
-            async for event in _until_cancelled(stream, self._cancel):
+            async for event in until_cancelled(stream, self._cancel):
                 if event is None:
-                    for chunk in _close_open_parts(open_parts):
+                    for chunk in close_open_parts(open_parts):
                         yield chunk
                     yield {"type": "finish-step"}
                     raise AgentCancelledError
@@ -310,7 +255,7 @@ class AgentStreamResult:
                     if opened is not None and opened["type"] != "tool":
                         yield {"type": f"{opened['type']}-end", "id": opened["id"]}
             response.append(stream.get())
-        for chunk in _close_open_parts(open_parts):
+        for chunk in close_open_parts(open_parts):
             yield chunk
 
     def _apply_response(self, response: ModelResponse, calls: list[ToolCallPart], request: Span) -> None:
@@ -400,13 +345,13 @@ class AgentStreamResult:
                 raw_input = part.args_as_dict(raise_if_invalid=True)
             except (ValueError, AssertionError):
                 raw_input = part.args if isinstance(part.args, dict) else {}
-                yield _input_error(
+                yield tool_input_error_chunk(
                     part, raw_input, "Invalid input: the arguments are not a JSON object.", dynamic
                 )
                 outcome.retry(part, "The arguments must be a JSON object.", retries, self._plan.tool_retries)
                 continue
             if item is None:
-                yield _input_error(part, raw_input, f"Unknown tool: {part.tool_name}", dynamic)
+                yield tool_input_error_chunk(part, raw_input, f"Unknown tool: {part.tool_name}", dynamic)
                 outcome.retry(
                     part, f"Unknown tool name: {part.tool_name!r}.", retries, self._plan.tool_retries
                 )
@@ -414,7 +359,7 @@ class AgentStreamResult:
             try:
                 item.check_input(raw_input)
             except ToolInputError as error:
-                yield _input_error(part, raw_input, f"Invalid input: {error}", dynamic)
+                yield tool_input_error_chunk(part, raw_input, f"Invalid input: {error}", dynamic)
                 outcome.retry(part, f"Invalid arguments: {error}", retries, self._plan.tool_retries)
                 continue
             available: Chunk = {
@@ -505,7 +450,7 @@ class AgentStreamResult:
 
     def _trace_unrun(self, call: ToolCall, approval: str, outcome: str) -> None:
         """A tool call that did not run (waiting for, or refused by, the user) still gets its span."""
-        attributes = _tool_attributes(call, approval, outcome)
+        attributes = tool_attributes(call, approval, outcome)
         with _telemetry.span("bastion.tool_call", attributes, context=self._trace):
             pass
 
@@ -513,7 +458,7 @@ class AgentStreamResult:
         self, item: Tool, call: ToolCall, origin: CallOrigin
     ) -> tuple[Chunk, ModelRequestPart]:
         approval = self._approval_of.pop(call.tool_call_id, "not-required")
-        attributes = _tool_attributes(call, approval)
+        attributes = tool_attributes(call, approval)
         with _telemetry.span("bastion.tool_call", attributes, context=self._trace) as current:
             chunk, result = await self._execute_untraced(item, call, origin)
             current.set_attribute("bastion.tool.outcome", str(chunk["type"]).removeprefix("tool-output-"))
@@ -529,7 +474,7 @@ class AgentStreamResult:
         except ToolError as error:
             return self._error(item, call, error.message)
         except asyncio.CancelledError:
-            if _this_task_is_cancelled():
+            if this_task_is_cancelled():
                 raise
             # A tool awaiting something that another task cancelled: its failure, not the turn's.
             logger.exception("Tool %s was cancelled from elsewhere.", call.tool_name)
@@ -605,76 +550,6 @@ class _StepOutcome:
                 tool_name=part.tool_name, content=message, tool_call_id=part.tool_call_id, outcome="retried"
             )
         )
-
-
-def _tool_attributes(call: ToolCall, approval: str, outcome: str | None = None) -> dict[str, str]:
-    """Names and ids only; `bastion.tool.approval`: not-required, requested, approved or denied."""
-    attributes = {
-        "bastion.tool.name": call.tool_name,
-        "bastion.tool.call_id": call.tool_call_id,
-        "bastion.tool.approval": approval,
-    }
-    if outcome is not None:
-        attributes["bastion.tool.outcome"] = outcome
-    return attributes
-
-
-async def _until_cancelled(
-    events: AsyncIterable[ModelResponseStreamEvent], cancel: asyncio.Event | None
-) -> AsyncIterator[ModelResponseStreamEvent | None]:
-    """The model's events, then None once `cancel` is set, even while the model is between tokens."""
-    if cancel is None:
-        async for event in events:
-            yield event
-        return
-    iterator = aiter(events)
-    waiter = asyncio.ensure_future(cancel.wait())
-    step: asyncio.Future[ModelResponseStreamEvent] | None = None
-    try:
-        while not cancel.is_set():
-            step = asyncio.ensure_future(anext(iterator))
-            await asyncio.wait({step, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            if not step.done():
-                step.cancel()
-                await asyncio.gather(step, return_exceptions=True)
-                break
-            try:
-                yield step.result()
-            except StopAsyncIteration:
-                return
-        yield None
-    finally:
-        waiter.cancel()
-        if step is not None and not step.done():
-            step.cancel()  # the reader itself was cancelled while it waited for the model
-
-
-def _this_task_is_cancelled() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
-def _input_error(part: ToolCallPart, raw_input: Any, error_text: str, dynamic: bool) -> Chunk:
-    chunk: Chunk = {
-        "type": "tool-input-error",
-        "toolCallId": part.tool_call_id,
-        "toolName": part.tool_name,
-        "input": raw_input,
-        "errorText": error_text,
-    }
-    if dynamic:
-        chunk["dynamic"] = True
-    return chunk
-
-
-def _close_open_parts(open_parts: dict[int, Chunk]) -> list[Chunk]:
-    chunks = [
-        {"type": f"{opened['type']}-end", "id": opened["id"]}
-        for opened in open_parts.values()
-        if opened["type"] != "tool"
-    ]
-    open_parts.clear()
-    return chunks
 
 
 def _definition(item: Tool) -> ToolDefinition:

@@ -18,7 +18,9 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode
 from pydantic_ai.usage import RequestUsage
 
-__all__ = ["TokenUsage", "end", "span", "tracer"]
+from bastion.tools import ToolCall
+
+__all__ = ["TokenUsage", "end", "span", "tool_attributes", "tracer"]
 
 tracer: Final = trace.get_tracer("bastion")
 
@@ -75,3 +77,15 @@ class TokenUsage:
     def record(self, current: Span) -> None:
         current.set_attribute("gen_ai.usage.input_tokens", self.input_tokens)
         current.set_attribute("gen_ai.usage.output_tokens", self.output_tokens)
+
+
+def tool_attributes(call: ToolCall, approval: str, outcome: str | None = None) -> dict[str, str]:
+    """Names and ids only; `bastion.tool.approval`: not-required, requested, approved or denied."""
+    attributes = {
+        "bastion.tool.name": call.tool_name,
+        "bastion.tool.call_id": call.tool_call_id,
+        "bastion.tool.approval": approval,
+    }
+    if outcome is not None:
+        attributes["bastion.tool.outcome"] = outcome
+    return attributes

@@ -21,13 +21,13 @@ from bastion._ui_chunks import (
     TOOL_CALL_FIELDS,
     TOOL_RESULT_FIELDS,
     InvalidUIMessageChunkError,
+    UIMessage,
     validate_chunk,
 )
 
 __all__ = [
     "CHUNK_FIELDS",
     "InvalidUIMessageChunkError",
-    "UIMessage",
     "UIMessageAssembler",
     "UIPart",
     "assemble_ui_messages",
@@ -37,7 +37,6 @@ __all__ = [
     "validate_chunk",
 ]
 
-UIMessage = dict[str, Any]
 UIPart = dict[str, Any]
 
 

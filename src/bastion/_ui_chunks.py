@@ -10,13 +10,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+from pydantic_ai.messages import ToolCallPart
+
 __all__ = [
     "CHUNK_FIELDS",
     "TOOL_CALL_FIELDS",
     "TOOL_RESULT_FIELDS",
+    "Chunk",
     "InvalidUIMessageChunkError",
+    "UIMessage",
+    "close_open_parts",
+    "tool_input_error_chunk",
     "validate_chunk",
 ]
+
+# One UI message stream chunk in the AI SDK's wire shape (`{"type": "text-delta", ...}`).
+Chunk = dict[str, Any]
+# One AI SDK UI message as the runtime handles it (`id`, `role`, `parts`, …); requests validate its
+# shape with `bastion.chat.request.UIMessage`.
+UIMessage = dict[str, Any]
 
 
 class InvalidUIMessageChunkError(Exception):
@@ -111,3 +123,26 @@ def validate_chunk(chunk: Any) -> None:
     missing = [key for key in required if key not in chunk]
     if missing:
         raise InvalidUIMessageChunkError(f"Missing field {missing[0]!r} in a {kind!r} chunk.")
+
+
+def tool_input_error_chunk(part: ToolCallPart, raw_input: Any, error_text: str, dynamic: bool) -> Chunk:
+    chunk: Chunk = {
+        "type": "tool-input-error",
+        "toolCallId": part.tool_call_id,
+        "toolName": part.tool_name,
+        "input": raw_input,
+        "errorText": error_text,
+    }
+    if dynamic:
+        chunk["dynamic"] = True
+    return chunk
+
+
+def close_open_parts(open_parts: dict[int, Chunk]) -> list[Chunk]:
+    chunks = [
+        {"type": f"{opened['type']}-end", "id": opened["id"]}
+        for opened in open_parts.values()
+        if opened["type"] != "tool"
+    ]
+    open_parts.clear()
+    return chunks

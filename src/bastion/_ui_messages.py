@@ -32,8 +32,6 @@ from pydantic_ai.messages import (
 
 from bastion.policies import tool_part_name
 
-UIMessage = dict[str, Any]
-
 UNANSWERED_TOOL_CALL = "This tool call was not run: the conversation continued without an answer."
 
 

@@ -21,8 +21,10 @@ from pydantic_ai.settings import ModelSettings
 
 from bastion._cancel import AgentCancelledError
 from bastion._extras import infer_model
-from bastion._loop import AgentStreamResult, ExecuteToolHook, ModelSteps, TurnPlan
-from bastion._ui_messages import UIMessage, to_model_messages
+from bastion._loop import AgentStreamResult
+from bastion._turn_plan import ExecuteToolHook, ModelSteps, TurnPlan
+from bastion._ui_chunks import UIMessage
+from bastion._ui_messages import to_model_messages
 from bastion.policies import (
     ToolPolicy,
     sanitize_tool_error_for_model,

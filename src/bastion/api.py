@@ -32,6 +32,7 @@ from bastion.worker import Route, status_error_code
 
 __all__ = [
     "MAX_JSON_DEPTH",
+    "UUID_PATTERN",
     "EventStream",
     "InvalidRequestError",
     "OperationSpec",
@@ -45,6 +46,10 @@ __all__ = [
 
 MAX_JSON_DEPTH: Final = 64
 _PARAMETER = re.compile(r"\{([a-z_]+)\}")
+
+
+UUID_PATTERN: Final = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+"""A UUID's text form, for the ids routes take (an error says "must be a UUID", not this)."""
 
 
 class InvalidRequestError(BastionError):
@@ -192,6 +197,9 @@ def _validated(model: type[BaseModel], value: Any, *, strict: bool | None = None
         first = error.errors(include_url=False, include_input=False)[0]
         name = _field_name(first["loc"]) or "body"
         rule = str(first["ctx"]["error"]) if first["type"] == "value_error" else first["msg"]
+        if first["type"] == "string_pattern_mismatch":  # a regular expression says nothing to a person
+            uuid = first["ctx"]["pattern"] == UUID_PATTERN
+            rule = "must be a UUID" if uuid else "is not in the expected form"
         raise InvalidRequestError(f"{name}: {rule}.", field=name) from None
 
 

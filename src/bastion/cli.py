@@ -1,11 +1,12 @@
-"""The `bastion` command: `serve` the reference assistant, `migrate` its database, print a `token`, and
-show, replay, prune or forget its event `hooks`."""
+"""The `bastion` command: `serve` the reference assistant, `migrate` its database, print a `token`,
+show, replay, prune or forget its event `hooks`, and review held MCP tool changes (`mcp`)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -46,6 +47,18 @@ def main(argv: list[str] | None = None) -> int:
     hooks.add_argument(
         "--older-than", help="prune: events every hook has passed older than this age (30d, 12h, 45m, 90s)"
     )
+    mcp = commands.add_parser(
+        "mcp", help="list the MCP tool changes held for approval, approve one or refuse one"
+    )
+    mcp.add_argument("action", nargs="?", default="changes", choices=("changes", "approve", "refuse"))
+    mcp.add_argument("change", nargs="?", type=int, help="the id of the change to approve or refuse")
+    mcp.add_argument("--application", default="assistant", help="whose approved lists (default: assistant)")
+    mcp.add_argument(
+        "--status",
+        default="pending",
+        choices=("pending", "approved", "refused", "accepted", "all"),
+        help="changes: which to list (default: pending)",
+    )
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1, or BASTION_HOST)")
     serve.add_argument("--port", type=int, help="port to listen on (default 8000, or BASTION_PORT)")
     migrate.add_argument(
@@ -53,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also let the role of BASTION_APP_DATABASE_URL act as users (embedded: bastion_app, created)",
     )
-    for command in (serve, migrate, token, hooks):
+    for command in (serve, migrate, token, hooks, mcp):
         command.add_argument(
             "--data-dir", type=Path, help="where local state lives (default .bastion, or BASTION_DATA_DIR)"
         )
@@ -76,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(config)
         if args.command == "migrate":
             return asyncio.run(_migrate(config, grant_app_role=args.grant_app_role))
+        if args.command == "mcp":
+            return asyncio.run(_mcp(config, args.action, args.change, args.application, args.status))
         if args.command == "hooks":
             return asyncio.run(_hooks(config, args.action, args.hook, args.from_event, args.older_than))
         return _token(config, args.user)
@@ -90,6 +105,11 @@ def _progress(message: str) -> None:
 def _serve(config: AssistantConfig) -> int:
     from bastion.assistant.server import serve
 
+    # `kill` (SIGTERM) and a closed terminal (SIGHUP) stop the server as Ctrl+C does: everything it
+    # started, the embedded database too, is stopped before it exits. (While it serves, uvicorn takes
+    # SIGTERM, shuts down gracefully, then raises it again here.)
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, signal.default_int_handler)
     try:
         asyncio.run(serve(config, progress=_progress))
     except KeyboardInterrupt:
@@ -185,6 +205,50 @@ async def _hooks_report(
         return [await forget_hook(pool, conninfo, hook)]
     assert from_event is not None
     return [await replay_hook(pool, hook, from_event)]
+
+
+async def _mcp(
+    config: AssistantConfig, action: str, change: int | None, application: str, status: str
+) -> int:
+    import getpass
+
+    import psycopg
+    from psycopg_pool import AsyncConnectionPool
+
+    from bastion.assistant.database import open_database
+    from bastion.mcp.tool_pins import changes_report
+    from bastion.stores.tool_pins import PostgresToolPins
+
+    if action != "changes" and change is None:
+        _progress(f"{action} needs the change's id, e.g. bastion mcp {action} 12")
+        return 2
+    database = await open_database(
+        database_url=config.database_url, app_database_url=config.app_database_url, data_dir=config.data_dir
+    )
+    try:
+        async with AsyncConnectionPool(
+            database.app_conninfo, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
+        ) as pool:
+            pins = PostgresToolPins(pool, application=application)
+            if action == "changes":
+                print(
+                    "\n".join(changes_report(await pins.changes(status=None if status == "all" else status)))
+                )
+                return 0
+            assert change is not None
+            if not await pins.decide(
+                change, approve=action == "approve", by=f"{getpass.getuser()} (command line)"
+            ):
+                _progress(f"tool_change_not_found: no open change {change} for {application}.")
+                return 2
+    except psycopg.Error as error:
+        said = (str(error).strip().splitlines() or [""])[0]
+        _progress(f"mcp {action} could not finish; the database said {type(error).__name__}: {said}")
+        return 1
+    finally:
+        database.close()
+    _progress(f"change {change} {'approved' if action == 'approve' else 'refused'}.")
+    return 0
 
 
 def _token(config: AssistantConfig, user: str) -> int:

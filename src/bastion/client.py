@@ -27,6 +27,7 @@ from urllib.parse import quote
 import httpx2
 from pydantic import BaseModel, ConfigDict
 
+from bastion._ui_chunks import Chunk
 from bastion.api import StrictModel
 from bastion.chat.conversations import (
     ConversationChange,
@@ -53,7 +54,7 @@ __all__ = [
     "user_message",
 ]
 
-UIMessageChunk: TypeAlias = dict[str, Any]
+UIMessageChunk: TypeAlias = Chunk
 """One AI SDK UI message chunk: `{"type": "text-delta", "id": ..., "delta": ...}`, …"""
 TokenSource: TypeAlias = "str | Callable[[], str | Awaitable[str]]"
 """A bearer token, or a function giving the current one (called before each request)."""

@@ -109,13 +109,18 @@ class CredentialStorageError(CredentialError):
 
 
 class ConnectionAuthorizationRequiredError(Exception):
-    """The connection has no usable credential for this turn: the user should connect (again)."""
+    """The connection has no usable credential for this turn: the user should connect (again).
+
+    `can_authorize` is True when the user of this turn can be sent to sign in right away (an interactive
+    OAuth connection and a signed-in user); False for jobs, contacts and credentials only pasted in.
+    """
 
     code = "authorization_required"
     retryable = True
 
-    def __init__(self, connection: str) -> None:
+    def __init__(self, connection: str, *, can_authorize: bool = False) -> None:
         self.connection = connection
+        self.can_authorize = can_authorize
         self.message = f"Connect {connection} to continue."
         super().__init__(self.message)
 

@@ -4,7 +4,7 @@ from bastion._moved import moved_names
 
 _NEW_HOMES = {
     "AgentStreamResponse": "bastion.chat",
-    "AgentStreamResult": "bastion.chat.stream_response",
+    "AgentStreamResult": "bastion",
     "DEFAULT_ERROR_TEXT": "bastion.chat",
     "OnFinish": "bastion.chat",
     "OnSettled": "bastion.chat",

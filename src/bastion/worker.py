@@ -86,6 +86,13 @@ class RequestContext:
     env: SupabaseEnv
     cancel: asyncio.Event
 
+    def require_principal(self) -> Principal:
+        """The verified user of an `auth="user"` route. The worker verifies the token before such a
+        route runs, so a missing principal is a bug in the server, never the request's fault."""
+        if self.principal is None:
+            raise RuntimeError("A user route ran without a verified principal.")
+        return self.principal
+
 
 Handler: TypeAlias = Callable[[Request, RequestContext], Awaitable[Response]]
 AuthorizeResult: TypeAlias = bool | Response | None
@@ -201,8 +208,18 @@ def _served_paths(route: Route, versioning: ApiVersioning | None) -> list[str]:
 
 
 class _BodyTooLarge(HTTPException):
-    def __init__(self) -> None:
-        super().__init__(status_code=413)
+    def __init__(self, limit: int) -> None:
+        # Retrying cannot help: the message says the limit so the client can send less.
+        said = f"The request body is too large: this server takes at most {_size(limit)}."
+        super().__init__(status_code=413, detail=said)
+
+
+def _size(limit: int) -> str:
+    """A byte count as people read it: 1 MB, 64 KB, 300 bytes."""
+    for unit, size in (("MB", 1 << 20), ("KB", 1 << 10)):
+        if limit >= size:
+            return f"{limit / size:.3g} {unit}"
+    return f"{limit} bytes"
 
 
 class _PathEndpoint:
@@ -266,7 +283,7 @@ class _Worker:
                 raise AuthenticationError("malformed_token")
             principal = await self._verifier.verify(bearer_token(authorization[0] if authorization else None))
         if _declared_length(request) > self._max_body_bytes:
-            raise _BodyTooLarge()
+            raise _BodyTooLarge(self._max_body_bytes)
         context = RequestContext(
             principal=principal,
             params=MappingProxyType(request.path_params),
@@ -334,7 +351,7 @@ class _RequestChannel:
         elif message["type"] == "http.request":
             self._received += len(message.get("body", b""))
             if self._received > self._limit:
-                raise _BodyTooLarge()
+                raise _BodyTooLarge(self._limit)
             if not message.get("more_body", False):
                 self._watcher = asyncio.ensure_future(self._watch())
         return message

@@ -6,18 +6,32 @@ import Workspace from './Workspace.jsx';
 export default function App() {
   const [info, setInfo] = useState(null);
   const [failed, setFailed] = useState(false);
+  const [tries, setTries] = useState(0);
 
   useEffect(() => {
     fetch('/api/info')
       .then(response => (response.ok ? response.json() : Promise.reject(new Error('info'))))
       .then(setInfo)
       .catch(() => setFailed(true));
-  }, []);
+  }, [tries]);
 
   if (failed) {
     return (
       <div className="center-page">
-        <p role="alert" className="error-banner">Cannot reach the assistant. Reload the page to try again.</p>
+        <p role="alert" className="error-banner" id="unreachable">
+          Cannot reach the assistant: the server may be stopped, or your connection is down.{' '}
+          <button
+            type="button"
+            className="link"
+            id="retry-connect"
+            onClick={() => {
+              setFailed(false);
+              setTries(count => count + 1);
+            }}
+          >
+            Retry
+          </button>
+        </p>
       </div>
     );
   }
@@ -66,6 +80,13 @@ function Session({ info }) {
     setEnded(false);
   }, [client]);
 
+  // The server refused the session (expired, or signed by a key it no longer has): sign out here too,
+  // and say so on the sign-in page.
+  const endSession = useCallback(async () => {
+    await signOut();
+    setEnded(true);
+  }, [signOut]);
+
   if (!client) {
     return (
       <div className="center-page">
@@ -78,5 +99,14 @@ function Session({ info }) {
   if (session === undefined) return <div className="center-page" aria-busy="true" />;
   if (!session) return <SignIn client={client} info={info} ended={ended} />;
   // Keyed by user: another user gets a new workspace, with nothing of the previous one in memory.
-  return <Workspace key={session.user.id} info={info} user={session.user} getToken={getToken} onSignOut={signOut} />;
+  return (
+    <Workspace
+      key={session.user.id}
+      info={info}
+      user={session.user}
+      getToken={getToken}
+      onSignOut={signOut}
+      onSessionEnded={endSession}
+    />
+  );
 }

@@ -42,8 +42,10 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
   );
   const [draft, setDraft] = useState('');
   const [problem, setProblem] = useState('');
-  // The problem is a reply the page could not follow: Retry follows it again, instead of regenerating.
-  const [retryResume, setRetryResume] = useState(false);
+  // What Retry does for the problem shown: regenerate a failed reply, follow again a reply the page
+  // could not follow ('resume'), send again a message that never reached the server ('send'), or
+  // nothing, for a message the server refused (too large, say): sending it again cannot help.
+  const [retryKind, setRetryKind] = useState('regenerate');
   const lastSent = useRef('');
 
   async function reloadFromServer() {
@@ -72,7 +74,13 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
       const wasResume = resumeRefused.current;
       resumeRefused.current = false;
       if (wasResume || typeof error?.statusCode !== 'number') {
-        setRetryResume(wasResume);
+        // Read at once from the SDK's current messages: is the last one the message that did not go?
+        let unsent = false;
+        chat.setMessages(list => {
+          unsent = error instanceof TypeError && list[list.length - 1]?.role === 'user';
+          return list;
+        });
+        setRetryKind(wasResume ? 'resume' : unsent ? 'send' : 'regenerate');
         setProblem(streamError(error));
         return;
       }
@@ -85,6 +93,7 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
         setDraft(current => current || text || lastSent.current);
         return messages.slice(0, -1);
       });
+      setRetryKind('none');
       if (error.statusCode === 409) refused(streamError(error));
       else setProblem(streamError(error));
     },
@@ -117,7 +126,7 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
 
   function send(text) {
     setProblem('');
-    setRetryResume(false);
+    setRetryKind('regenerate');
     lastSent.current = text;
     toBottom();
     sendMessage({ text });
@@ -155,15 +164,29 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
   const canRetry =
     !busy &&
     !NOT_A_FAILURE.has(problem) &&
-    (retryResume || (lastAssistant && messages[messages.length - 1] === lastAssistant));
+    (retryKind === 'resume' ||
+      retryKind === 'send' ||
+      (retryKind === 'regenerate' && lastAssistant && messages[messages.length - 1] === lastAssistant));
+
+  // A refused message back in the box: emptying the box dismisses what was said about it.
+  function edit(value) {
+    setDraft(value);
+    if (!value.trim() && retryKind === 'none') setProblem('');
+  }
 
   async function retry() {
     setProblem('');
-    if (!retryResume) {
+    if (retryKind === 'send') {
+      setRetryKind('regenerate');
+      chat.setMessages(list => (list[list.length - 1]?.role === 'user' ? list.slice(0, -1) : list));
+      sendMessage({ text: lastSent.current });
+      return;
+    }
+    if (retryKind !== 'resume') {
       regenerate();
       return;
     }
-    setRetryResume(false);
+    setRetryKind('regenerate');
     await resumeStream();
     // The reply may have finished meanwhile (nothing left to resume): show the server's copy.
     await reloadFromServer();
@@ -174,7 +197,10 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
         {messages.length === 0 && (
           <div className="welcome">
             <h2>How can I help?</h2>
-            <p>Try “who am I?”, “remember that the launch is on Friday” or “show my notes”.</p>
+            <p>
+              Try “who am I?”, “remember that the launch is on Friday”, “show my notes”, “show me markdown” or
+              “explain bastion in detail”.
+            </p>
           </div>
         )}
         {messages.map(message => (
@@ -218,7 +244,7 @@ export default function Chat({ conversation, api, getToken, onTurnFinished, onSe
           )}
         </div>
       )}
-      <Composer value={draft} onChange={setDraft} onSend={send} onStop={stopReply} busy={busy} />
+      <Composer value={draft} onChange={edit} onSend={send} onStop={stopReply} busy={busy} />
     </section>
   );
 }

@@ -1,10 +1,19 @@
 import { memo, useRef, useState } from 'react';
 import ReactMarkdown from 'react-markdown';
+import rehypeHighlight from 'rehype-highlight';
 import remarkGfm from 'remark-gfm';
 
 // Markdown as it streams: each update re-renders the text so far, so an unclosed code block or a
 // half-written table shows as one while it arrives. Raw HTML in model output is never rendered.
-// A code block with a Copy button, as people expect of a chat page.
+// A code block with its language and a Copy button above the code (never over it), and the code
+// coloured by highlight.js, bundled into the page.
+function languageOf(node) {
+  const code = node?.children?.find(child => child.tagName === 'code');
+  const classes = code?.properties?.className ?? [];
+  const named = classes.find(name => String(name).startsWith('language-'));
+  return named ? String(named).slice('language-'.length) : '';
+}
+
 function CodeBlock({ node, ...props }) {
   const block = useRef(null);
   const [copied, setCopied] = useState(false);
@@ -19,13 +28,20 @@ function CodeBlock({ node, ...props }) {
   }
   return (
     <div className="code-block">
-      <button type="button" className="small copy-code" onClick={copy} aria-label="Copy the code">
-        {copied ? 'Copied' : 'Copy'}
-      </button>
+      <div className="code-header">
+        <span className="code-language">{languageOf(node) || 'code'}</span>
+        <button type="button" className="small copy-code" onClick={copy} aria-label="Copy the code">
+          {copied ? 'Copied' : 'Copy'}
+        </button>
+      </div>
       <pre ref={block} {...props} />
     </div>
   );
 }
+
+// highlight.js's common languages (Python, JavaScript, SQL, shell, JSON, …); a block in another language,
+// or with none named, shows uncoloured.
+const rehypePlugins = [[rehypeHighlight, { detect: false }]];
 
 const components = {
   pre: CodeBlock,
@@ -40,7 +56,7 @@ const components = {
 function Markdown({ text }) {
   return (
     <div className="markdown">
-      <ReactMarkdown remarkPlugins={[remarkGfm]} components={components}>
+      <ReactMarkdown remarkPlugins={[remarkGfm]} rehypePlugins={rehypePlugins} components={components}>
         {text}
       </ReactMarkdown>
     </div>

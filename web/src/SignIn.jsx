@@ -86,7 +86,8 @@ export default function SignIn({ client, info, ended }) {
           <form id="sign-in-form" onSubmit={signInDevelopment}>
             <p className="dev-note" id="dev-sign-in-note">
               <strong>Development sign-in.</strong> This server runs on this machine only and signs its own
-              tokens. Pick any user name; no password is needed.
+              tokens. Pick any user name of letters, digits, dots, dashes or underscores (such as sam or
+              jo.lee); no password is needed.
             </p>
             <label htmlFor="user-name">User name</label>
             <input
@@ -94,6 +95,8 @@ export default function SignIn({ client, info, ended }) {
               autoComplete="username"
               required
               maxLength={63}
+              pattern="[A-Za-z0-9][A-Za-z0-9._\-]*"
+              title="Letters, digits, dots, dashes or underscores, such as sam or jo.lee"
               value={name}
               onChange={event => setName(event.target.value)}
               autoFocus

@@ -1,5 +1,5 @@
 import { getToolName } from 'ai';
-import { useState } from 'react';
+import { useEffect, useRef, useState } from 'react';
 
 // What a person reads for a tool call: what it does, with what, what came of it. The raw JSON is
 // one click away; the SDK's state names never reach the screen.
@@ -63,6 +63,8 @@ function Fields({ value, className }) {
 }
 
 function Summary({ name, output }) {
+  // A guide's name is on the card already (its input): say what came of it, not the name again.
+  if (name === 'load_skill') return <p className="tool-output">Read the guide; the assistant follows it.</p>;
   if (name === 'save_note' && output && typeof output.text === 'string') {
     return <p className="tool-output">Saved “{short(output.text, 200)}”.</p>;
   }
@@ -92,9 +94,15 @@ function Summary({ name, output }) {
 function Approval({ approvalId, onAnswer, busy }) {
   const [reason, setReason] = useState('');
   const [denying, setDenying] = useState(false);
+  // The reason's form opens at the foot of the conversation: scrolled into view whole, buttons too.
+  const form = useRef(null);
+  useEffect(() => {
+    if (denying) form.current?.scrollIntoView({ block: 'nearest' });
+  }, [denying]);
   if (denying) {
     return (
       <form
+        ref={form}
         className="approval"
         onSubmit={event => {
           event.preventDefault();

@@ -24,7 +24,7 @@ function showInAddress(id) {
   history.replaceState(null, '', id ? `#${id}` : window.location.pathname);
 }
 
-export default function Workspace({ info, user, getToken, onSignOut }) {
+export default function Workspace({ info, user, getToken, onSignOut, onSessionEnded }) {
   const api = useMemo(() => makeApi(getToken), [getToken]);
   const [conversations, setConversations] = useState([]);
   // The open conversation: its id, the stored messages it opened with, and whether the server has it.
@@ -37,14 +37,16 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
   const [memoryOpen, setMemoryOpen] = useState(false);
   // The chat, or the support inbox's staff view.
   const [inboxOpen, setInboxOpen] = useState(false);
+  // A conversation the address named that this user does not have (deleted, another account's, made up).
+  const [missing, setMissing] = useState(null);
 
   // A refused token ends the session here as it does in the chat.
   const report = useCallback(
     error => {
-      if (error?.status === 401) onSignOut();
+      if (error?.status === 401) onSessionEnded();
       else setProblem(describeError(error));
     },
-    [onSignOut],
+    [onSessionEnded],
   );
 
   const refreshList = useCallback(async () => {
@@ -76,10 +78,10 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
       setMemoryProblem('');
     } catch (error) {
       if (!mounted.current || ask !== memoryAsk.current) return;
-      if (error?.status === 401) onSignOut();
+      if (error?.status === 401) onSessionEnded();
       else setMemoryProblem(describeError(error));
     }
-  }, [api, onSignOut]);
+  }, [api, onSessionEnded]);
 
   useEffect(() => {
     refreshMemories();
@@ -104,15 +106,16 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
         return true;
       } catch (error) {
         if (!mounted.current) return false;
-        if (error?.status === 401) onSignOut();
+        if (error?.status === 401) onSessionEnded();
         else setMemoryProblem(describeError(error));
         return false;
       }
     },
-    [api, onSignOut],
+    [api, onSessionEnded],
   );
 
   const startNew = useCallback(() => {
+    setMissing(null);
     setCurrent({ id: crypto.randomUUID(), messages: [], stored: false });
     showInAddress(null);
     setMenuOpen(false);
@@ -123,11 +126,13 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
       setProblem('');
       try {
         const body = await api(`/api/conversations/${id}/messages`);
+        setMissing(null);
         setCurrent({ id, messages: body.messages, stored: true });
         showInAddress(id);
         setMenuOpen(false);
       } catch (error) {
-        report(error);
+        if (error?.status === 404) setMissing(id);
+        else report(error);
       }
     },
     [api, report],
@@ -140,7 +145,11 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
         if (!live) return;
         const wanted = idFromAddress();
         if (wanted && list.some(conversation => conversation.id === wanted)) open(wanted);
-        else startNew();
+        else if (window.location.hash.length > 1) {
+          // The address names a conversation this user does not have: say so, not an empty chat.
+          setCurrent(null);
+          setMissing(window.location.hash.slice(1));
+        } else startNew();
       })
       .catch(error => {
         if (!live) return;
@@ -222,6 +231,9 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
           </span>
         )}
         <span className="spacer" />
+        <a className="docs-link" id="docs-link" href="/docs" target="_blank" rel="noopener">
+          API reference
+        </a>
         <span className="user-name" id="user-name-shown">
           {name}
         </span>
@@ -267,15 +279,27 @@ export default function Workspace({ info, user, getToken, onSignOut }) {
             </button>
           </div>
         )}
-        {inboxOpen && <InboxView api={api} onSessionEnded={onSignOut} />}
-        {current && !inboxOpen && (
+        {inboxOpen && <InboxView api={api} onSessionEnded={onSessionEnded} />}
+        {missing && !inboxOpen && (
+          <section className="gone" id="not-found" aria-labelledby="not-found-title">
+            <h2 id="not-found-title">Conversation not found</h2>
+            <p>
+              This address names no conversation of yours: it may have been deleted, belong to another account,
+              or be mistyped.
+            </p>
+            <button type="button" className="primary" id="start-new" onClick={startNew}>
+              Start a new conversation
+            </button>
+          </section>
+        )}
+        {current && !missing && !inboxOpen && (
           <Chat
             key={current.id}
             conversation={current}
             api={api}
             getToken={getToken}
             onTurnFinished={onTurnFinished}
-            onSessionEnded={onSignOut}
+            onSessionEnded={onSessionEnded}
           />
         )}
       </main>

@@ -19,10 +19,15 @@ export function messageFor(status, body) {
   if (status >= 500 || status === 0) return UNAVAILABLE;
   try {
     const parsed = typeof body === 'string' ? JSON.parse(body) : body;
+    // Too large: the server names its limit; sending the same again cannot help.
+    const limit = status === 413 && /at most ([^.]+)/.exec(parsed?.message ?? '')?.[1];
+    if (limit) return `Your message is too large to send: this server takes at most ${limit}. Shorten it, then send it again.`;
     if (parsed && typeof parsed.message === 'string' && parsed.message) return parsed.message;
   } catch {
     // not JSON: fall through
   }
+  if (status === 413) return 'Your message is too large to send. Shorten it, then send it again.';
+  if (status === 404) return 'Not found: it may have been deleted, or it belongs to another account.';
   return 'The request was refused. Try again.';
 }
 

@@ -32,6 +32,7 @@ from bastion.assistant.agent import AssistantContext, assistant_agent
 from bastion.assistant.demo_model import demo_model
 from bastion.assistant.dev_auth import DevelopmentSignIn, InvalidSessionError, InvalidUserNameError
 from bastion.assistant.notes import PostgresNoteBook
+from bastion.assistant.pages import error_response, page_policy
 from bastion.assistant.remote import UserCredentials
 from bastion.assistant.schemas import (
     AuthConfig,
@@ -156,6 +157,7 @@ class AssistantApp:
             lifespan=lifespan,
             middleware=middleware,
             versioning=self.versioning,
+            on_error=error_response,
         )
 
     # Chat
@@ -178,20 +180,22 @@ class AssistantApp:
     async def connection_status(self, request: Request, context: RequestContext) -> Response:
         """Whether the caller has connected the MCP server; the credential itself is never returned."""
         credentials = self._user_credentials()
-        return json_response(ConnectionStatus(connected=await credentials.connected(_principal(context))))
+        return json_response(
+            ConnectionStatus(connected=await credentials.connected(context.require_principal()))
+        )
 
     @operation(body=ConnectionToken, responses={200: ConnectionStatus}, errors=(404,))
     async def connect(self, request: Request, context: RequestContext, *, body: ConnectionToken) -> Response:
         """Store the caller's own bearer token for the MCP server, replacing any stored before."""
         credentials = self._user_credentials()
-        await credentials.connect(_principal(context), body.token)
+        await credentials.connect(context.require_principal(), body.token)
         return json_response(ConnectionStatus(connected=True))
 
     @operation(responses={204: None}, errors=(404,))
     async def disconnect(self, request: Request, context: RequestContext) -> Response:
         """Forget the caller's MCP credential; their next turn asks them to connect again."""
         credentials = self._user_credentials()
-        await credentials.disconnect(_principal(context))
+        await credentials.disconnect(context.require_principal())
         return Response(status_code=204)
 
     def _user_credentials(self) -> UserCredentials:
@@ -343,22 +347,17 @@ class AssistantApp:
         """The chat page. Its policy lets it load only its own files and talk only to this server and
         the Supabase project, so an injected script or a link to elsewhere has nowhere to go."""
         auth_origin = "" if self.development_sign_in is not None else f" {self.env.url}"
-        policy = (
-            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-            f"connect-src 'self'{auth_origin}; object-src 'none'; base-uri 'none'; form-action 'self'; "
-            "frame-ancestors 'none'"
-        )
-        return _static("index.html", policy=policy)
+        return _static("index.html", policy=page_policy(connect=auth_origin))
 
     @operation(responses={200: PlainBody("The support widget's demo page", ("text/html",))})
     async def widget_page(self, request: Request, context: RequestContext) -> Response:
         """A demo page where a visitor talks to the support inbox as a contact."""
-        policy = (
-            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-            "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
-            "frame-ancestors 'none'"
-        )
-        return _static("widget.html", policy=policy)
+        return _static("widget.html", policy=page_policy())
+
+    @operation(responses={200: PlainBody("The API reference page", ("text/html",))})
+    async def docs_page(self, request: Request, context: RequestContext) -> Response:
+        """The API reference: this server's OpenAPI document in Swagger UI, served from the package."""
+        return _static("docs.html", policy=page_policy())
 
     @operation(
         responses={200: PlainBody("A script, style sheet, icon or page", tuple(STATIC_TYPES.values()))},
@@ -439,6 +438,7 @@ def build_routes(app: AssistantApp) -> list[Route]:
         ),
         Route(method="GET", path="/", auth="none", handler=app.page),
         Route(method="GET", path="/widget", auth="none", handler=app.widget_page),
+        Route(method="GET", path="/docs", auth="none", handler=app.docs_page),
         Route(method="GET", path="/static/{name}", auth="none", handler=app.static),
     ]
 
@@ -453,12 +453,6 @@ def _memory_store(store: PostgresStore, embedder: Embedder | None) -> PostgresMe
         )
     logger.info("Memory recalls by shared words: install bastion[memory-offline] to recall by meaning.")
     return PostgresMemoryStore(store, embedder=HashingEmbedder())
-
-
-def _principal(context: RequestContext) -> Principal:
-    if context.principal is None:
-        raise RuntimeError("A user route ran without a verified principal.")
-    return context.principal
 
 
 def _from_loopback(request: Request) -> bool:

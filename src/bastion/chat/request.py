@@ -9,12 +9,13 @@ stored (which moves are legitimate, what a new user message may hold) are `basti
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal, Self
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 from typing_extensions import TypedDict
 
-from bastion.api import StrictModel
+from bastion.api import UUID_PATTERN, StrictModel
+from bastion.errors import BastionError
 from bastion.history import SUBMIT_MESSAGE
 
 __all__ = [
@@ -22,11 +23,10 @@ __all__ = [
     "UI_MESSAGE_STREAM_END",
     "UUID_PATTERN",
     "ChatRequest",
+    "EmptyMessageError",
     "UIMessage",
     "UIMessagePart",
 ]
-
-UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 
 
 UI_MESSAGE_CHUNK: Final[Mapping[str, Any]] = {
@@ -55,6 +55,16 @@ class UIMessage(TypedDict):
     parts: list[UIMessagePart]
 
 
+class EmptyMessageError(BastionError):
+    """A new user message with nothing in it: no text but blanks and no file. Nothing is stored."""
+
+    code: ClassVar[str] = "empty_message"
+    status: ClassVar[int] = 400
+
+    def __init__(self, field: str) -> None:
+        super().__init__("The message is empty: write something or attach a file.", field=field)
+
+
 class ChatRequest(StrictModel):
     """A chat turn: the conversation's id, the AI SDK trigger and the browser's messages (all of them, or
     only the latest)."""
@@ -62,3 +72,18 @@ class ChatRequest(StrictModel):
     id: Annotated[str, Field(pattern=UUID_PATTERN, description="The conversation's id (a UUID).")]
     trigger: Literal["submit-message", "regenerate-message"] = SUBMIT_MESSAGE
     messages: Annotated[list[UIMessage], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _says_something(self) -> Self:
+        """A message sent (the latest, a user's) holds some text or a file; approvals send none."""
+        latest = self.messages[-1]
+        if self.trigger == SUBMIT_MESSAGE and latest["role"] == "user":
+            parts: list[Any] = list(latest["parts"])
+            # A text part that is no string is said so by the history's checks, field by field.
+            said = any(
+                part.get("type") != "text" or not isinstance(part.get("text"), str) or part["text"].strip()
+                for part in parts
+            )
+            if parts and not said:
+                raise EmptyMessageError(f"messages[{len(self.messages) - 1}].parts")
+        return self

@@ -19,13 +19,15 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from bastion._ui_assembly import UIMessage, UIMessageAssembler, to_client_json
+from bastion._loop import AgentStreamResult
+from bastion._ui_assembly import UIMessageAssembler, to_client_json
+from bastion._ui_chunks import UIMessage
+from bastion.stores.live import ChunkLog
 
 __all__ = [
     "DEFAULT_ERROR_TEXT",
     "UI_MESSAGE_STREAM_HEADERS",
     "AgentStreamResponse",
-    "AgentStreamResult",
     "OnFinish",
     "OnSettled",
     "StreamLog",
@@ -54,24 +56,6 @@ StreamStatus = Literal["completed", "failed", "cancelled"]
 _FINISH_REASONS: Final = frozenset({"stop", "length", "content-filter", "tool-calls", "error", "other"})
 _DONE: Final = b"data: [DONE]\n\n"
 _ID_ALPHABET: Final = string.ascii_letters + string.digits
-
-
-class AgentStreamResult(Protocol):
-    """What a session's `stream(...)` returns: UI message chunks, then how the turn ended.
-
-    Iteration yields chunk dicts in the AI SDK wire shape without the outer `start`, `finish` and `error`
-    chunks; optional keys are omitted, never null. Iteration raises on a provider error. Afterwards
-    `finish_reason` tells why the model stopped and `cancelled` whether the application's cancellation
-    signal stopped the turn.
-    """
-
-    def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
-
-    @property
-    def finish_reason(self) -> str | None: ...
-
-    @property
-    def cancelled(self) -> bool: ...
 
 
 class StreamLog(Protocol):
@@ -209,6 +193,8 @@ class _Turn:
         self._usage_metadata = usage_metadata
         self._result = result
         self._log = log
+        # bastion's own log keeps each chunk's wire JSON rather than encoding the chunk again.
+        self._chunk_log = log if isinstance(log, ChunkLog) else None
         self._assembler = assembler
         self._start = start
         self._on_finish = on_finish
@@ -255,7 +241,9 @@ class _Turn:
                 wire, parsed = to_client_json(chunk)
                 self._assembler.apply(parsed)
                 self._send(b"data: " + wire + b"\n\n")
-                if self._log is not None:
+                if self._chunk_log is not None:
+                    self._chunk_log.add(parsed, wire)
+                elif self._log is not None:
                     self._log.add(parsed)
         except (Exception, asyncio.CancelledError) as exc:
             # The turn runs shielded in its own task: a cancellation reaching here came from inside the
@@ -301,9 +289,14 @@ class _Turn:
         return text
 
     def _emit(self, chunk: Mapping[str, Any]) -> None:
-        self._send(_event(chunk))
-        if self._log is not None:
-            self._log.add(dict(chunk))
+        if self._chunk_log is None:
+            self._send(_event(chunk))
+            if self._log is not None:
+                self._log.add(dict(chunk))
+            return
+        wire, parsed = to_client_json(chunk)
+        self._send(b"data: " + wire + b"\n\n")
+        self._chunk_log.add(parsed, wire)
 
     async def _flush_log(self) -> None:
         if self._log is not None:

@@ -1,26 +1,28 @@
-"""What a chat turn is, as plain data, and what a durable turn adds to it.
+"""What a chat turn is, as plain data, and the protocols between the endpoint and durable turns.
 
 `ChatTurn` is who asks and for which conversation: data a turn's context can be built from anywhere
-(a durable turn rebuilds it in the process that takes it over). `DurableTurnHooks` is what
-`bastion.chat.durable_turns` hands `ChatEndpoint.open_turn`, so that module needs only this one, not
-the endpoint's.
+(a durable turn rebuilds it in the process that takes it over). `TurnOpener` is what durable turns
+(`bastion.chat.durable_turns`) drive a turn through (`ChatEndpoint` is one), and `DurableTurnHooks`
+what they hand it, so neither module imports the other.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bastion.auth import Principal
 from bastion.stores.entities import StoreIdentity
 
 if TYPE_CHECKING:
-    from bastion._loop import ExecuteToolHook, ModelSteps
-    from bastion.chat.stream_response import TurnRunner
+    from bastion._turn_plan import ExecuteToolHook, ModelSteps
+    from bastion.chat.stream_response import AgentStreamResponse, TurnRunner
+    from bastion.persistence import AgentPersistence, AgentRun
     from bastion.stores.checkpoints import TurnCheckpoints
-    from bastion.stores.live import ChunkLog
+    from bastion.stores.entities import TurnContext, TurnState
+    from bastion.stores.live import ChunkLog, LiveTurns
 
-__all__ = ["ChatTurn", "DurableTurnHooks"]
+__all__ = ["ChatTurn", "DurableTurnHooks", "TurnOpener"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,3 +61,33 @@ class DurableTurnHooks(Protocol):
 
     def execute_tool(self, hook: ExecuteToolHook) -> ExecuteToolHook:
         """The tool hook wrapping the run's own."""
+
+
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class TurnOpener(Protocol):
+    """What opens a claimed turn as a stream response, with a durable turn's hooks (`ChatEndpoint`)."""
+
+    @property
+    def agent(self) -> Named:
+        """The agent answering (its name names the endpoint across processes by default)."""
+
+    @property
+    def path(self) -> str:
+        """The route's path."""
+
+    @property
+    def persistence(self) -> AgentPersistence[TurnContext, TurnState]:
+        """The persistence its turns run through."""
+
+    @property
+    def live(self) -> LiveTurns | None:
+        """Its store's live turns, if it has them."""
+
+    async def open_turn(
+        self, turn: ChatTurn, run: AgentRun[Any, Any], *, durable: DurableTurnHooks | None = None
+    ) -> AgentStreamResponse:
+        """The claimed turn `run` as a stream response: context, prepared session, stream, settlement."""

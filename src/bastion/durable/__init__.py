@@ -1,11 +1,10 @@
 """Durable execution on DBOS in the application's Postgres: the engine every durable part runs on.
 
 `DurableEngine.launch(conninfo)` starts this process's DBOS (after `migrate_durable` created its
-schema). Chat turns run on it with `chat_routes(durable=engine)` (`bastion.chat.durable_turns`); hooks
-and inbox jobs declare their workflows with DBOS's decorators and run on it.
+schema). Chat turns run on it with `chat_routes(durable=engine)` (`bastion.chat.durable_turns`; their
+workflow is declared in `bastion.durable.turn_workflow`, on import); hooks and inbox jobs declare
+their workflows with DBOS's decorators and run on it.
 """
-
-import importlib
 
 from bastion._moved import moved_names
 from bastion.durable.engine import (
@@ -16,17 +15,11 @@ from bastion.durable.engine import (
     migrate_durable,
     system_database_url,
 )
-
-# Importing `bastion.durable` declares the chat turn's workflow to DBOS (as it always did), so a
-# process may launch the engine before it builds its chat routes.
-importlib.import_module("bastion.chat.durable_turns")
+from bastion.durable.turn_workflow import DurableTurnError, turn_workflow_id
 
 __getattr__ = moved_names(
     __name__,
-    {
-        name: "bastion.chat.durable_turns"
-        for name in ("DurableTurnError", "DurableTurns", "prune_finished_turns", "turn_workflow_id")
-    },
+    {name: "bastion.chat.durable_turns" for name in ("DurableTurns", "prune_finished_turns")},
 )
 
 __all__ = [

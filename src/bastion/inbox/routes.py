@@ -177,9 +177,7 @@ def inbox_routes(
     in their token's tenant); None refuses them (403)."""
 
     def _staff(context: RequestContext) -> StoreIdentity:
-        if context.principal is None:
-            raise RuntimeError("A staff route ran without a verified principal.")
-        identity = staff(context.principal)
+        identity = staff(context.require_principal())
         if identity is None:
             raise NotInboxStaffError()
         return identity

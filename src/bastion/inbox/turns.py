@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic_ai.models import KnownModelName, Model
 
-from bastion._ui_assembly import UIMessageAssembler, to_client_json
+from bastion._assembled_turn import stream_into
+from bastion._ui_assembly import UIMessageAssembler
 from bastion.agent import Agent
 from bastion.auth import Principal
 from bastion.errors import ToolError
@@ -107,13 +108,7 @@ async def answer_as_contact(
 ) -> str:
     """Run one turn of `agent` for the contact over `history`; the reply's text (may be empty)."""
     assembler = UIMessageAssembler({"id": secrets.token_hex(8), "role": "assistant", "parts": []})
-    session = await agent.prepare(context=turn)
-    try:
-        result = await session.stream(model=model, messages=list(history))
-        async for chunk in result:
-            assembler.apply(to_client_json(chunk)[1])
-    finally:
-        await session.close()
+    await stream_into(assembler, agent, context=turn, model=model, messages=history)
     message = assembler.assembled_message()
     return "".join(
         part.get("text", "") for part in message.get("parts", []) if part.get("type") == "text"

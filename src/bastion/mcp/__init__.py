@@ -17,6 +17,12 @@ discovery (even for an optional connection) and during a call, so the applicatio
 reconnect. Calls are never retried. Closing never raises: a client that does not let go and is cut off
 after the request timeout is reported to `on_error` as `cleanup_failed`.
 
+A user's connection can sign the user in with the server's own OAuth (`bastion.mcp.oauth.McpOAuth`,
+whose `auth(name)` is the definition's `auth`), and a definition's `tool_pins` check every listing
+against the tools approved for the application (`bastion.mcp.tool_pins`): changed and new tools are held
+out until an administrator approves them, also after a `tools/list_changed` notification mid-turn
+(`execution_failed`, reason `tool_withheld`).
+
 Results: a call returns the server's `structuredContent` when it sent one, otherwise
 `{"content": [...]}` with the MCP content items as JSON objects. A result the server flagged with
 `isError` stays an ordinary result, `{"content": [...], "isError": true}` (plus `structuredContent` if

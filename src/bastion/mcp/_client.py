@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack
 from typing import Any, Literal, TypeVar
 
@@ -58,6 +58,11 @@ class McpClient:
         self._owner: asyncio.Task[None] | None = None
         self._session: ClientSession | None = None
         self._closing: asyncio.Task[None] | None = None
+        # Set by discovery when tools are pinned: re-checks a changed listing, returns the tools to withhold.
+        self.on_tools_changed: Callable[[], Awaitable[set[str]]] | None = None
+        self._withheld: set[str] = set()
+        self._withhold_all = False
+        self._recheck: asyncio.Future[None] | None = None
 
     async def connect(self, transport: McpTransport) -> ClientSession:
         """Start the owner task and wait, under the request bound, for its session."""
@@ -91,7 +96,9 @@ class McpClient:
                             auth=self._recorder,
                         )
                     )
-                session = await stack.enter_async_context(ClientSession(*streams))
+                session = await stack.enter_async_context(
+                    ClientSession(*streams, message_handler=self._message)
+                )
                 if not ready.done():
                     ready.set_result(session)
                 await self._stop.wait()
@@ -106,12 +113,37 @@ class McpClient:
         finally:
             self._ended.set()
 
+    async def _message(self, message: Any) -> None:
+        """A `tools/list_changed` notification starts the same check as discovery (the calls wait for it)."""
+        notification = getattr(message, "root", message)
+        if (
+            isinstance(notification, mcp_types.ToolListChangedNotification)
+            and self.on_tools_changed is not None
+        ):
+            self._recheck = asyncio.ensure_future(self._withhold(self.on_tools_changed))
+
+    async def _withhold(self, recheck: Callable[[], Awaitable[set[str]]]) -> None:
+        try:
+            self._withheld = await recheck()
+        except Exception:  # fail closed: nothing of a listing that could not be checked is used
+            logger.warning("Re-checking the %s connection's changed tools failed.", self._name, exc_info=True)
+            self._withhold_all = True
+
+    def withheld(self, remote: str) -> bool:
+        return self._withhold_all or remote in self._withheld
+
     async def call(self, remote: str, arguments: Any, *, exposed: str) -> Any:
         """Call a remote tool once, under the request timeout; failures are reported, then raised."""
         try:
             if self._session is None or self._stop.is_set():
                 raise McpConnectionError(
                     "execution_failed", reason="closed", connection=self._name, tool=exposed
+                )
+            if self._recheck is not None:
+                await asyncio.shield(self._recheck)
+            if self.withheld(remote):
+                raise McpConnectionError(
+                    "execution_failed", reason="tool_withheld", connection=self._name, tool=exposed
                 )
             if not isinstance(arguments, Mapping):
                 raise McpConnectionError(

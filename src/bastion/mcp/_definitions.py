@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 from bastion.mcp._errors import McpConnectionError
+from bastion.mcp.tool_pins import ToolPins
 
 ContextT = TypeVar("ContextT")
 
@@ -45,6 +46,8 @@ class McpConnectionDefinition(Generic[ContextT]):
       out and reports to `on_error` (authorization and configuration errors always fail).
     - `request_timeout_ms`: the bound on each request to the server (a positive whole number).
     - `include_instructions`: put the server's own instructions into `McpConnections.instructions`.
+    - `tool_pins`: check every listing against the application's approved tools
+      (`bastion.mcp.tool_pins`); changed and new tools are held out until approved.
     """
 
     name: str
@@ -57,6 +60,7 @@ class McpConnectionDefinition(Generic[ContextT]):
     on_error: ErrorReporter | None = None
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
     include_instructions: bool = False
+    tool_pins: ToolPins | None = None
 
     @property
     def prefix(self) -> str:

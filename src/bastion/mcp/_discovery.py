@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from bastion.mcp._client import McpClient
 from bastion.mcp._definitions import McpConnectionDefinition
 from bastion.mcp._errors import McpConnectionError
 from bastion.mcp._resolve import resolve_transport
+from bastion.mcp.tool_pins import tool_definition, tool_fingerprint
 from bastion.tools import Tool, ToolCall
 
 logger = logging.getLogger("bastion.mcp")
@@ -39,10 +41,12 @@ async def discover(client: McpClient, context: Any) -> Discovered:
         transport = await resolve_transport(client.definition, context)
         session = await client.connect(transport)
         initialized = await client.request(session.initialize(), stage="connect")
-        tools = await _list_tools(client, session)
+        tools = await pinned(client.definition, await _list_tools(client, session), context)
     except BaseException:
         await client.close()
         raise
+    if client.definition.tool_pins is not None:
+        client.on_tools_changed = functools.partial(_recheck, client, session, context, _fingerprints(tools))
     return Discovered(client=client, remote_tools=tools, instructions=initialized.instructions)
 
 
@@ -60,6 +64,40 @@ async def _list_tools(client: McpClient, session: ClientSession) -> list[mcp_typ
         "The %s connection lists too many pages of tools; using the first ones.", client.definition.name
     )
     return tools
+
+
+async def pinned(
+    definition: McpConnectionDefinition[Any], tools: list[mcp_types.Tool], context: Any
+) -> list[mcp_types.Tool]:
+    """The tools the application's approved list lets through (all, without `tool_pins`); fails closed."""
+    if definition.tool_pins is None:
+        return tools
+    allowlist = set(definition.allowlist) if definition.allowlist is not None else None
+    exposed = [tool for tool in tools if allowlist is None or tool.name in allowlist]
+    try:
+        allowed = await definition.tool_pins.allowed(definition.name, exposed, context=context)
+    except Exception:
+        logger.warning(
+            "Checking the %s connection's tools against the approved list failed.",
+            definition.name,
+            exc_info=True,
+        )
+        raise McpConnectionError(
+            "discovery_failed", reason="connection_failed", connection=definition.name
+        ) from None
+    return [tool for tool in exposed if tool.name in allowed]
+
+
+async def _recheck(
+    client: McpClient, session: ClientSession, context: Any, opened: dict[str, str]
+) -> set[str]:
+    """After `tools/list_changed`: this turn's tools to withhold, those no longer approved as they were."""
+    now = _fingerprints(await pinned(client.definition, await _list_tools(client, session), context))
+    return {name for name, fingerprint in opened.items() if now.get(name) != fingerprint}
+
+
+def _fingerprints(tools: list[mcp_types.Tool]) -> dict[str, str]:
+    return {tool.name: tool_fingerprint(tool_definition(tool)) for tool in tools}
 
 
 def build_tools(discovered: list[Discovered]) -> list[Tool]:

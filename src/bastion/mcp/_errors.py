@@ -43,6 +43,7 @@ McpErrorReason: TypeAlias = Literal[
     "invalid_arguments",
     "request_failed",
     "tool_error",
+    "tool_withheld",
 ]
 FAILS_EVEN_IF_OPTIONAL: frozenset[str] = frozenset({"configuration_error", "authorization_required"})
 """Codes that fail the turn even when the connection is optional: the application must act on them."""
@@ -56,6 +57,8 @@ class McpConnectionError(ToolError):
     `cleanup_failed`. `reason` says which check or step failed within it (for example `timeout`,
     `tool_error`, `credential_refused`, `alias_outside_allowlist`).
     It is a `ToolError`, so when a call fails its message is what the model and the UI are shown.
+    `can_authorize` says that an `authorization_required` user can be sent to sign in right away
+    (an interactive OAuth connection, `bastion.mcp.oauth`, in a signed-in user's turn).
     """
 
     def __init__(
@@ -66,8 +69,10 @@ class McpConnectionError(ToolError):
         connection: str | None,
         tool: str | None = None,
         detail: str | None = None,
+        can_authorize: bool = False,
     ) -> None:
         self.code: McpErrorCode = code
+        self.can_authorize = can_authorize
         self.reason: McpErrorReason = reason
         self.connection = connection
         self.tool = tool
@@ -99,6 +104,8 @@ def _message(
             return f"The tool {tool} on {where} reported an error."
         if reason == "closed":
             return f"{subject} is closed."
+        if reason == "tool_withheld":
+            return f"The tool {tool} on {where} changed and waits for an administrator's approval."
         if reason == "timeout":
             return f"The tool {tool} on {where} did not answer in time."
         return f"The tool {tool} failed on {where}."

@@ -21,9 +21,12 @@ async def resolve_transport(definition: McpConnectionDefinition[Any], context: A
         if not isinstance(transport, McpTransport):
             transport = await transport(context)
         extra = await definition.auth(context) if definition.auth is not None else {}
-    except ConnectionAuthorizationRequiredError:
+    except ConnectionAuthorizationRequiredError as error:
         raise McpConnectionError(
-            "authorization_required", reason="credential_missing", connection=name
+            "authorization_required",
+            reason="credential_missing",
+            connection=name,
+            can_authorize=error.can_authorize,
         ) from None
     except ConnectionAuthorizationFailedError:
         raise McpConnectionError(

@@ -51,6 +51,7 @@ DEFAULT_NEAR_DUPLICATE_THRESHOLD: Final = 0.95
 DEFAULT_OPERATION_TTL: Final = timedelta(days=7)
 MAX_MEMORY_LENGTH: Final = 2000
 MAX_CORE_LENGTH: Final = 4000
+MAX_QUERY_LENGTH: Final = 8000
 MAX_K: Final = 100
 _SOURCES: Final = frozenset({"tool", "extract", "api"})
 
@@ -218,7 +219,7 @@ class PostgresMemoryStore:
         """The caller's `k` current memories nearest `query`, nearest first (exact, not approximate)."""
         check_scope(scope)
         check_limit(k, maximum=MAX_K)
-        [vector] = await self.embedder.embed_queries([check_memory_text(query, max_length=8000)])
+        [vector] = await self.embedder.embed_queries([check_memory_text(query, max_length=MAX_QUERY_LENGTH)])
         params = {"scope": scope, "model": self.embedder.model, "query": vector_literal(vector), "k": k}
         with _memory_errors():
             async with self._store.transaction(identity) as conn:
@@ -338,7 +339,7 @@ class PostgresMemoryStore:
         check_limit(k, maximum=MAX_K)
         if identity.tenant_id is None or not names:
             return []
-        [vector] = await self.embedder.embed_queries([check_memory_text(query, max_length=8000)])
+        [vector] = await self.embedder.embed_queries([check_memory_text(query, max_length=MAX_QUERY_LENGTH)])
         params = {"collections": names, "model": self.embedder.model, "query": vector_literal(vector), "k": k}
         with _memory_errors():
             async with self._store.transaction(identity) as conn:
@@ -370,7 +371,7 @@ class PostgresMemoryStore:
         check_text(operation_id, max_length=300)
         check_limit(k, maximum=MAX_K)
         names = [check_scope(name) for name in knowledge_collections]
-        [vector] = await self.embedder.embed_queries([check_memory_text(query, max_length=8000)])
+        [vector] = await self.embedder.embed_queries([check_memory_text(query, max_length=MAX_QUERY_LENGTH)])
         params = (
             operation_id,
             scope,

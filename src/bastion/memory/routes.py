@@ -13,7 +13,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from bastion.api import StrictModel, json_response, operation
-from bastion.auth import Principal
 from bastion.memory._text import check_scope
 from bastion.memory.postgres import PostgresMemoryStore
 from bastion.stores import StoreIdentity
@@ -101,7 +100,4 @@ def memory_routes(memory: PostgresMemoryStore, *, scope: str, prefix: str = "/ap
 
 
 def _identity(context: RequestContext) -> StoreIdentity:
-    principal: Principal | None = context.principal
-    if principal is None:
-        raise RuntimeError("A user route ran without a verified principal.")
-    return StoreIdentity.from_principal(principal)
+    return StoreIdentity.from_principal(context.require_principal())

@@ -1,5 +1,8 @@
 """Stores implementing `bastion.persistence.AgentPersistence`, with an entity API over conversations.
 
+Storage only: nothing here knows of agents, HTTP turns or durable workflows (`bastion.chat` serves a
+store; the `Store` protocol is what it asks of one, declared once for both stores).
+
 `PostgresStore` is the production store (row-level security in the database); `SqliteStore` keeps the
 same contract in one SQLite file for one process (rules in its queries). The shapes in
 `bastion.stores.entities` and the errors in `bastion.stores.errors` are shared by every store, and so is
@@ -52,6 +55,7 @@ from bastion.stores.filters import (
     InvalidFilterError,
     conversation_cursor,
 )
+from bastion.stores.protocol import LiveTurnStore, Store
 from bastion.stores.schema import ConversationSchema, InvalidStateError
 from bastion.stores.sqlite import SqliteAgentPersistence, SqliteStore
 
@@ -103,6 +107,7 @@ __all__ = [
     "InvalidFilterError",
     "InvalidInputError",
     "InvalidStateError",
+    "LiveTurnStore",
     "Migration",
     "MigrationChangedError",
     "NotFoundError",
@@ -113,6 +118,7 @@ __all__ = [
     "RunStore",
     "SqliteAgentPersistence",
     "SqliteStore",
+    "Store",
     "StoreError",
     "StoreIdentity",
     "StoredMessage",

@@ -8,7 +8,8 @@ a conversation's next turn usually costs a single round trip to claim.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
 
 from bastion._extras import missing_extra
 
@@ -27,10 +28,11 @@ from bastion.persistence import (
     RunStart,
     ToolOperation,
 )
-from bastion.stores._leases import DEFAULT_LEASE_SECONDS
+from bastion.stores._leases import DEFAULT_LEASE_SECONDS, LeaseKeeper
 from bastion.stores._postgres_connection import Connection, database_errors, single_value
 from bastion.stores._tail_cache import (
     CachedTail,
+    TailCache,
     TailKey,
     claimed_tail,
     finished_tail,
@@ -53,6 +55,7 @@ from bastion.stores._turns import (
 )
 from bastion.stores.checkpoints import TurnCheckpoints
 from bastion.stores.entities import (
+    StoreIdentity,
     TurnContext,
     TurnState,
 )
@@ -65,8 +68,25 @@ from bastion.stores.errors import (
     TurnConflictError,
 )
 
-if TYPE_CHECKING:
-    from bastion.stores.postgres import PostgresStore
+
+class PostgresRunHost(Protocol):
+    """What `PostgresAgentPersistence` needs of its store (`PostgresStore` is one): transactions as the
+    caller, the worker key it names itself with on the runs it claims (while it holds that key's lock),
+    the leases it renews, and the tails it remembers to claim a later turn in one round trip."""
+
+    @property
+    def worker_key(self) -> int: ...
+
+    @property
+    def leases(self) -> LeaseKeeper: ...
+
+    @property
+    def claim_cache(self) -> TailCache: ...
+
+    def transaction(self, identity: StoreIdentity) -> AbstractAsyncContextManager[Connection]: ...
+
+    async def hold_worker_lock(self) -> int: ...
+
 
 __all__ = ["PostgresAgentPersistence"]
 
@@ -100,7 +120,7 @@ class PostgresAgentPersistence(TurnPersistence):
 
     def __init__(
         self,
-        store: PostgresStore,
+        store: PostgresRunHost,
         *,
         history_window: int = 100,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
@@ -112,7 +132,7 @@ class PostgresAgentPersistence(TurnPersistence):
             can_respond_to_approval=can_respond_to_approval,
         )
         self._store = store
-        self._tails = store._tails
+        self._tails = store.claim_cache
 
     async def mark_durable(self, context: TurnContext, state: TurnState) -> bool:
         """Mark the run durable, once a durable workflow runs it (one round trip of its own; durable
@@ -132,7 +152,7 @@ class PostgresAgentPersistence(TurnPersistence):
         the dead process left in flight are settled as failed: their outcome is unknown, so running
         them again is refused unless the tool is idempotent.
         """
-        await self._store._hold_worker_lock()
+        await self._store.hold_worker_lock()
         with database_errors():
             async with self._store.transaction(context.identity) as conn:
                 cursor = await conn.execute(
@@ -142,7 +162,7 @@ class PostgresAgentPersistence(TurnPersistence):
             adopted = bool(single_value(await cursor.fetchone()))
         self._tails.evict(tail_key(context.identity, state.conversation_id))
         if adopted:
-            self._store._leases.hold(state.run_id, self._lease_seconds)
+            self._store.leases.hold(state.run_id, self._lease_seconds)
         return adopted
 
     def checkpoint(self, state: TurnState) -> TurnCheckpoints:
@@ -154,7 +174,7 @@ class PostgresAgentPersistence(TurnPersistence):
     async def adopt_turn(self, context: TurnContext, state: TurnState) -> list[dict[str, Any]] | None:
         """`adopt_run`, answering with the run's stored checkpoints (the records of its finished model
         requests, in step order), or None when the run was not adopted. One round trip."""
-        await self._store._hold_worker_lock()
+        await self._store.hold_worker_lock()
         with database_errors():
             async with self._store.transaction(context.identity) as conn:
                 cursor = await conn.execute(
@@ -165,7 +185,7 @@ class PostgresAgentPersistence(TurnPersistence):
         self._tails.evict(tail_key(context.identity, state.conversation_id))
         if not adopted["adopted"]:
             return None
-        self._store._leases.hold(state.run_id, self._lease_seconds)
+        self._store.leases.hold(state.run_id, self._lease_seconds)
         return list(adopted["steps"])
 
     async def record_tool_results(self, context: TurnContext, state: TurnState) -> None:
@@ -185,7 +205,7 @@ class PostgresAgentPersistence(TurnPersistence):
     async def start_run(self, context: TurnContext, input: RunInput) -> RunStart[TurnState]:
         key = tail_key(context.identity, context.conversation_id)
         cached = self._tails.get(key)
-        await self._store._hold_worker_lock()
+        await self._store.hold_worker_lock()
         try:
             if cached is not None:
                 start = await self._claim_from_cache(context, input, key, cached)
@@ -326,7 +346,7 @@ class PostgresAgentPersistence(TurnPersistence):
             incarnation=claimed["incarnation"],
         )
         self._tails.put(key, after)
-        self._store._leases.hold(run_id, self._lease_seconds)
+        self._store.leases.hold(run_id, self._lease_seconds)
         state = TurnState(
             conversation_id=key[2],
             run_id=run_id,
@@ -401,7 +421,7 @@ class PostgresAgentPersistence(TurnPersistence):
         ]
         results = list(state.unrecorded_results)
         key = tail_key(context.identity, state.conversation_id)
-        self._store._leases.release(state.run_id)
+        self._store.leases.release(state.run_id)
         try:
             with database_errors():
                 async with self._store.transaction(context.identity) as conn:

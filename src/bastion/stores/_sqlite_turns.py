@@ -13,11 +13,11 @@ import json
 import sqlite3
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol, TypeVar
 
 from bastion.approvals import CanRespondToApproval
 from bastion.persistence import AgentRunInactiveError, RunInput, RunOutcome, RunStart, ToolOperation
-from bastion.stores._leases import DEFAULT_LEASE_SECONDS
+from bastion.stores._leases import DEFAULT_LEASE_SECONDS, LeaseKeeper
 from bastion.stores._sqlite_statements import (
     ACTIVE_RUN,
     APPEND_MESSAGE,
@@ -69,8 +69,21 @@ from bastion.stores.errors import (
     TurnConflictError,
 )
 
-if TYPE_CHECKING:
-    from bastion.stores.sqlite import SqliteStore
+T = TypeVar("T")
+
+
+class SqliteRunHost(Protocol):
+    """What `SqliteAgentPersistence` needs of its store (`SqliteStore` is one): transactions on its
+    connection's thread, the worker key it names itself with, and the leases it renews."""
+
+    @property
+    def worker_key(self) -> int: ...
+
+    @property
+    def leases(self) -> LeaseKeeper: ...
+
+    async def run_in_transaction(self, work: Callable[[sqlite3.Connection], T], *, write: bool) -> T: ...
+
 
 __all__ = ["LIVE_WORKERS", "SqliteAgentPersistence"]
 
@@ -101,7 +114,7 @@ class SqliteAgentPersistence(TurnPersistence):
 
     def __init__(
         self,
-        store: SqliteStore,
+        store: SqliteRunHost,
         *,
         history_window: int = 100,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
@@ -118,7 +131,7 @@ class SqliteAgentPersistence(TurnPersistence):
     async def start_run(self, context: TurnContext, input: RunInput) -> RunStart[TurnState]:
         params = scope(context.identity, context.conversation_id) | {"request": context.request_id}
         ids = json.dumps(browser_message_ids(input.messages))
-        revision, last_seq, tail = await self._store._run(
+        revision, last_seq, tail = await self._store.run_in_transaction(
             lambda conn: self._load_turn(conn, context, params, ids), write=False
         )
         history = await self._reconcile([message for _, message in tail], input, context)
@@ -138,8 +151,8 @@ class SqliteAgentPersistence(TurnPersistence):
             _insert_events(conn, at, events)
             conn.execute(CLAIM_CONVERSATION, at)
 
-        await self._store._run(lambda conn: _conflicts(conn, claim), write=True)
-        self._store._leases.hold(run_id, self._lease_seconds)
+        await self._store.run_in_transaction(lambda conn: _conflicts(conn, claim), write=True)
+        self._store.leases.hold(run_id, self._lease_seconds)
         state = TurnState(
             conversation_id=context.conversation_id,
             run_id=run_id,
@@ -186,7 +199,7 @@ class SqliteAgentPersistence(TurnPersistence):
         state.running_tool_calls.add(checked.key)
         claimed = False
         try:
-            outcome, output = await self._store._run(
+            outcome, output = await self._store.run_in_transaction(
                 lambda conn: self._claim_tool(conn, params, checked, results), write=True
             )
             del state.unrecorded_results[: len(results)]
@@ -252,7 +265,7 @@ class SqliteAgentPersistence(TurnPersistence):
         ]
         results = list(state.unrecorded_results)
         params = scope(context.identity, state.conversation_id) | {"run": state.run_id, "status": status}
-        self._store._leases.release(state.run_id)
+        self._store.leases.release(state.run_id)
 
         def finish(conn: sqlite3.Connection) -> None:
             at = params | {"now": microseconds_now()}
@@ -267,7 +280,7 @@ class SqliteAgentPersistence(TurnPersistence):
             _insert_events(conn, at, events)
             conn.execute(RELEASE_CONVERSATION, at)
 
-        await self._store._run(lambda conn: _conflicts(conn, finish), write=True)
+        await self._store.run_in_transaction(lambda conn: _conflicts(conn, finish), write=True)
         del state.unrecorded_results[: len(results)]
 
 

@@ -19,8 +19,8 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractAsyncContextManager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Final, TypeAlias
 
@@ -51,6 +51,7 @@ from bastion.stores.postgres import caller_transaction
 __all__ = [
     "CREDENTIALS_KEY_VARIABLE",
     "CredentialKeyring",
+    "LockedCredential",
     "PostgresCredentialProvider",
     "VaultCredentialProvider",
 ]
@@ -85,6 +86,33 @@ values ('user', %s, %s, %s, %s, %s)
 on conflict on constraint credentials_identity do update
 set key_id = excluded.key_id, nonce = excluded.nonce, ciphertext = excluded.ciphertext, updated_at = now()
 """
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LockedCredential:
+    """A credential held under its row lock: its `value` (None when nothing is stored), and `replace` and
+    `delete`, which take effect when the lock is released."""
+
+    value: str | None = field(repr=False)
+    _replace: Callable[[str], Awaitable[None]] = field(repr=False)
+    _delete: Callable[[], Awaitable[None]] = field(repr=False)
+
+    async def replace(self, value: str) -> None:
+        await self._replace(value)
+
+    async def delete(self) -> None:
+        await self._delete()
+
+
+async def _nothing_locked(*_: str) -> None:
+    raise CredentialInvalidError("No credential is stored to change.")
+
+
+def _text(plaintext: bytes) -> str:
+    try:
+        return plaintext.decode()
+    except UnicodeDecodeError:
+        raise CredentialInvalidError() from None
 
 
 class CredentialKeyring:
@@ -252,6 +280,46 @@ class PostgresCredentialProvider:
                         "where scope = 'user' and provider = %s and secret = %s and owner_id = %s",
                         (ref.provider, ref.secret, caller.owner_id),
                     )
+
+    @asynccontextmanager
+    async def locked(self, ref: CredentialRef, *, owner_id: str) -> AsyncIterator[LockedCredential]:
+        """A user's credential read under a row lock held until the block ends; replacing or deleting it
+        inside the block commits with it, so two callers updating one credential (say, refreshing a token
+        that rotates) take turns, and the second sees what the first wrote. Nothing stored: no lock,
+        `value` is None."""
+        if ref.scope != "user":
+            raise ValueError("Only a user credential can be locked.")
+        caller = self._caller(ref, owner_id)
+        with _database_errors():
+            async with _transaction(self._pool, caller) as conn:
+                cursor = await conn.execute(
+                    "select id, key_id, nonce, ciphertext from bastion.credentials "
+                    "where scope = 'user' and provider = %s and secret = %s and owner_id = %s for update",
+                    (ref.provider, ref.secret, caller.owner_id),
+                )
+                row = await cursor.fetchone()
+                if row is None:
+                    yield LockedCredential(value=None, _replace=_nothing_locked, _delete=_nothing_locked)
+                    return
+                row_id, key_id, nonce, ciphertext = row
+                plaintext = self._keys.decrypt(
+                    key_id, bytes(nonce), bytes(ciphertext), self._aad(ref, caller, key_id)
+                )
+
+                async def replace(value: str) -> None:
+                    encoded = _check_value(value)
+                    aad = self._aad(ref, caller, self._keys.current_key_id)
+                    new_key_id, new_nonce, sealed = self._keys.encrypt(encoded, aad)
+                    await conn.execute(
+                        "update bastion.credentials set key_id = %s, nonce = %s, ciphertext = %s, "
+                        "updated_at = now() where id = %s",
+                        (new_key_id, new_nonce, sealed, row_id),
+                    )
+
+                async def delete() -> None:
+                    await conn.execute("delete from bastion.credentials where id = %s", (row_id,))
+
+                yield LockedCredential(value=_text(plaintext), _replace=replace, _delete=delete)
 
     def _caller(self, ref: CredentialRef, owner_id: str | None) -> _Caller:
         check_credential_owner(self, ref, owner_id)

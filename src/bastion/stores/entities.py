@@ -198,3 +198,15 @@ def check_limit(value: object, *, maximum: int = 1000) -> int:
     if type(value) is not int or not 1 <= value <= maximum:
         raise InvalidInputError()
     return value
+
+
+def title_from_text(text: str, *, max_length: int) -> str | None:
+    """A conversation's title from a message: spaces collapsed, a long one cut at a word and marked `…`."""
+    words = " ".join(text.split())
+    if len(words) <= max_length:
+        return words or None
+    cut = words[: max_length - 1]
+    space = cut.rfind(" ")
+    if space >= max_length // 2:  # a word boundary not too far back; else one very long word is cut
+        cut = cut[:space]
+    return cut.rstrip(" ,;:.-") + "…"

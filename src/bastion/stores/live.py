@@ -1,22 +1,28 @@
 """Live turns, store-independent: a turn's UI message stream as a log written in batches, read back
 from its start and followed, and the stop signal of a running turn.
 
-A turn writes its chunks through a `ChunkLog`: chunks are coalesced and written at most every
-`interval` seconds (one write per batch, never one per token), each batch naming the turn position
-of its first chunk. A batch marked `reset` starts a new attempt at its position (a durable step
-re-ran after its worker died): what an earlier attempt wrote from there on is superseded.
-`StreamAssembly` applies batches in the order they were written and tells a reader what to send.
+A turn writes its chunks through a `ChunkLog`. Nobody reading, the log is written at each step
+boundary (a `finish-step` chunk, or `step_boundary()`) and when flushed or closed: a turn writes a
+bounded number of batches however long it takes. A reader that follows the run (`follow()`, asked
+for across processes through the store's notification channel) makes the log write what it holds
+at once and then every `interval` seconds, each write waking the followers. Each batch names the
+turn position of its first chunk. A batch marked `reset` starts a new attempt at its position (a
+durable step re-ran after its worker died): what an earlier attempt wrote from there on is
+superseded. `StreamAssembly` applies batches in the order they were written and tells a reader
+what to send.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
+from bastion._ui_chunks import Chunk
 from bastion.stores.checkpoints import TurnCheckpoints
 from bastion.stores.entities import StoreIdentity
 
@@ -31,9 +37,9 @@ __all__ = [
 
 logger = logging.getLogger("bastion.stores.live")
 
-Chunk = dict[str, Any]
 
 DEFAULT_FLUSH_INTERVAL: Final = 0.05
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 class StreamSuperseded(Exception):
@@ -43,12 +49,22 @@ class StreamSuperseded(Exception):
 @dataclass(frozen=True, slots=True)
 class ChunkBatch:
     """One write of a run's stream: chunks from turn position `seq`; `reset` supersedes from there;
-    `durable` marks the run durable as well (see `ChunkLog.mark_durable`)."""
+    `durable` marks the run durable as well (see `ChunkLog.mark_durable`); `notify` wakes the run's
+    followers. `encoded` is each chunk's JSON text when the writer has it already (the wire's), so
+    the batch is not encoded again."""
 
     seq: int
     chunks: Sequence[Chunk]
     reset: bool = False
     durable: bool = False
+    notify: bool = False
+    encoded: Sequence[bytes] = ()
+
+    def json(self) -> bytes:
+        """The chunks as one JSON array."""
+        if len(self.encoded) == len(self.chunks):
+            return b"[" + b",".join(self.encoded) + b"]"
+        return _encode(list(self.chunks)).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,14 +123,16 @@ class _Segment:
     seq: int
     reset: bool
     chunks: list[Chunk] = field(default_factory=list)
+    encoded: list[bytes] = field(default_factory=list)
 
 
 class ChunkLog:
     """A run's stream log: `add` chunks as they are produced; a background task writes them in batches.
 
-    `flush()` writes what is pending now; `close()` flushes and stops the writer. A failed write is
-    retried with the next batch; the turn itself never fails because its log could not be written.
-    When a write reports that the run was asked to stop, `on_stop` is called.
+    Written at each step boundary, when `flush()`ed and when `close()`d (which also stops the
+    writer); while followed (`follow()`), every `interval` as well. A failed write is retried with
+    the next one; the turn itself never fails because its log could not be written. When a write
+    reports that the run was asked to stop, `on_stop` is called; `on_close` once it is closed.
     """
 
     def __init__(
@@ -123,17 +141,22 @@ class ChunkLog:
         *,
         interval: float = DEFAULT_FLUSH_INTERVAL,
         on_stop: Callable[[], None] | None = None,
+        on_close: Callable[[], None] | None = None,
         position: int = 0,
     ) -> None:
         self._sink = sink
         self._interval = interval
         self._on_stop = on_stop
+        self._on_close = on_close
         self._segments: list[_Segment] = []
         self._position = position
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._followed = False
+        self._due = False  # write at once, without waiting for more chunks
+        self._owed = False  # a write is owed even with no chunks (a follower's answer, a stop check)
         self._mark_durable = False
 
     @property
@@ -141,57 +164,96 @@ class ChunkLog:
         """The turn position the next chunk gets."""
         return self._position
 
-    def add(self, chunk: Chunk) -> None:
+    @property
+    def followed(self) -> bool:
+        """Whether a reader follows the run, so every write wakes it."""
+        return self._followed
+
+    def add(self, chunk: Chunk, encoded: bytes | None = None) -> None:
+        """Log `chunk` (`encoded`: its JSON text, when the caller has it); a `finish-step` chunk is a
+        step boundary."""
         if self._closed:
             return
         last = self._segments[-1] if self._segments else None
-        if last is not None and last.seq + len(last.chunks) == self._position:
-            last.chunks.append(chunk)
-        else:
-            self._segments.append(_Segment(self._position, False, [chunk]))
+        if last is None or last.seq + len(last.chunks) != self._position:
+            last = _Segment(self._position, False)
+            self._segments.append(last)
+        last.chunks.append(chunk)
+        if encoded is not None and len(last.encoded) == len(last.chunks) - 1:
+            last.encoded.append(encoded)
         self._position += 1
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-        self._wake.set()
+        if chunk.get("type") == "finish-step":
+            self.step_boundary()
+        elif self._followed:
+            self._schedule()
+
+    def step_boundary(self) -> None:
+        """A step ended: write what the log holds now, without waiting (the write runs in the background;
+        `await flush()` to wait for it)."""
+        self._due = True
+        self._schedule()
+
+    def follow(self) -> None:
+        """A reader follows the run: write what the log holds at once, a write of no chunks if it holds
+        nothing (which wakes the reader all the same), and from now on every `interval`. Asked again,
+        nothing more is owed: every write already wakes the readers."""
+        if not self._followed:
+            self._followed = True
+            self.check()
+
+    def check(self) -> None:
+        """Write at once even with nothing to log, to learn whether the run was asked to stop."""
+        self._owed = True
+        self.step_boundary()
 
     def mark_durable(self) -> None:
         """The run's workflow exists: the next write marks the run durable too, so the mark costs
         no transaction of its own (a write of no chunks carries it if nothing else comes)."""
         self._mark_durable = True
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-        self._wake.set()
+        self.check()
 
     def reset(self) -> None:
         """The next chunks start a new attempt at the current position, superseding an earlier one's."""
         self._segments.append(_Segment(self._position, True))
 
+    def _schedule(self) -> None:
+        if self._closed:
+            return
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+        self._wake.set()
+
     async def _run(self) -> None:
         while not self._closed:
             await self._wake.wait()
             self._wake.clear()
-            await asyncio.sleep(self._interval)
+            if not self._due:
+                await asyncio.sleep(self._interval)  # followed: what comes meanwhile joins the write
+            self._due = False
             await self.flush()
 
     async def flush(self) -> None:
-        """Write everything added so far, in order."""
+        """Write everything added so far, in order (what is added meanwhile waits for the next write)."""
         async with self._lock:
-            while self._segments:
-                segment = self._segments[0]
-                if not segment.chunks and len(self._segments) == 1 and not self._closed:
-                    break
-                self._segments.pop(0)
-                if not await self._write(segment.seq, segment.chunks, segment.reset):
-                    self._segments.insert(0, segment)
+            pending, self._segments = self._segments, []
+            if pending and not pending[-1].chunks and not self._closed:
+                self._segments.append(pending.pop())  # a new attempt's start waits for its chunks
+            wrote = False
+            for index, segment in enumerate(pending):
+                if not await self._write(segment.seq, segment.chunks, segment.reset, segment.encoded):
+                    self._segments[:0] = pending[index:]
                     return
-            if self._mark_durable:
-                await self._write(self._position, (), False)
+                wrote = True
+            if self._mark_durable or (self._owed and not wrote):
+                await self._write(self._position, (), False, ())
+            self._owed = False
 
-    async def _write(self, seq: int, chunks: Sequence[Chunk], reset: bool) -> bool:
+    async def _write(self, seq: int, chunks: Sequence[Chunk], reset: bool, encoded: Sequence[bytes]) -> bool:
         """One batch to the sink, carrying the durable mark if one is pending; False when it failed."""
         marking = self._mark_durable
+        batch = ChunkBatch(seq, chunks, reset, durable=marking, notify=self._followed, encoded=encoded)
         try:
-            stop = await self._sink(ChunkBatch(seq, chunks, reset, durable=marking))
+            stop = await self._sink(batch)
         except Exception:
             logger.warning("Writing a run's stream failed; it is retried with the next batch.")
             return False
@@ -209,7 +271,12 @@ class ChunkLog:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self.flush()
+        try:
+            await self.flush()
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+                self._on_close = None
 
 
 class LiveTurns(Protocol):

@@ -119,11 +119,12 @@ class PostgresStore:
         self.schema: Final = schema or ConversationSchema()
         self._admin_conninfo = admin_conninfo
         self._owns_pool = owns_pool
-        self._tails = TailCache(claim_cache_size, max_bytes=claim_cache_bytes)
+        # What its persistence (`PostgresAgentPersistence`, through `PostgresRunHost`) runs turns with.
+        self.claim_cache: Final = TailCache(claim_cache_size, max_bytes=claim_cache_bytes)
         self.worker_key: Final = new_worker_key()
         self._liveness: Connection | None = None
         self._liveness_lock = asyncio.Lock()
-        self._leases = LeaseKeeper(self._renew_leases)
+        self.leases: Final = LeaseKeeper(self._renew_leases)
         self._live: PostgresLiveTurns | None = None
 
     @classmethod
@@ -165,7 +166,7 @@ class PostgresStore:
         )
         await pool.open(wait=True)
         try:
-            await store._hold_worker_lock()
+            await store.hold_worker_lock()
         except BaseException:
             await pool.close()
             raise
@@ -193,7 +194,7 @@ class PostgresStore:
         if this store opened it."""
         if self._live is not None:
             await self._live.close()
-        await self._leases.close()
+        await self.leases.close()
         liveness, self._liveness = self._liveness, None
         if liveness is not None:
             # Released before the connection goes, so the lock is free when `close` returns.
@@ -203,7 +204,7 @@ class PostgresStore:
         if self._owns_pool:
             await self._pool.close()
 
-    async def _hold_worker_lock(self) -> int:
+    async def hold_worker_lock(self) -> int:
         """Hold this store's worker lock (again, if its connection broke); return the worker key."""
         if self._liveness is not None and not self._liveness.closed:
             return self.worker_key
@@ -231,7 +232,7 @@ class PostgresStore:
                 await liveness.execute("select 1")
             except psycopg.Error:
                 await liveness.close()
-        await self._hold_worker_lock()
+        await self.hold_worker_lock()
         async with self._pool.connection() as conn:
             await conn.execute(
                 "select bastion.renew_runs(%s, %s::uuid[], %s)", (self.worker_key, run_ids, lease_seconds)
@@ -374,7 +375,7 @@ class PostgresStore:
     async def delete_conversation(self, identity: StoreIdentity, conversation_id: str) -> None:
         """Delete a conversation with its messages, runs, events, tool executions and feedback."""
         conversation = parse_uuid(conversation_id)
-        self._tails.evict(tail_key(identity, conversation))
+        self.claim_cache.evict(tail_key(identity, conversation))
         with database_errors():
             async with self.transaction(identity) as conn:
                 cursor = await conn.execute(

@@ -1,9 +1,15 @@
 """Live turns on Postgres: stream logs in `bastion.run_chunks`, stop requests on `bastion.runs`, and one
 listening connection per process that wakes followers and running turns (channel `bastion_turns`).
 
+A follower asks for its run to be streamed live (`follow:<run>`, with its first read and every
+`poll_seconds` it waits in vain); the worker running the turn, whichever it is, then writes its log
+at once and every `flush_interval`, each write notifying `chunk:<run>`. Nobody following, a turn's
+log is written at its step boundaries only, and notifies nobody.
+
 Everything a user reads runs as that user under row-level security; writes go through the
 migration's SECURITY DEFINER functions. A missed notification costs at most `poll_seconds`: readers
-re-read that often anyway, and a streaming turn learns of a stop from its own log writes.
+re-read (and ask again) that often, and after the listener reconnects every running turn checks
+for a stop with a write of its own.
 """
 
 from __future__ import annotations
@@ -40,8 +46,11 @@ _LIVE_RUN: Final = (
 _READ: Final = (
     "select (select r.status = 'running' and r.lease_expires_at > now() from bastion.runs r "
     "where r.id = %(run)s), coalesce((select jsonb_agg(jsonb_build_array(k.id, k.seq, k.reset, k.chunks) "
-    "order by k.id) from bastion.run_chunks k where k.run_id = %(run)s and k.id > %(after)s), '[]')"
+    "order by k.id) from bastion.run_chunks k where k.run_id = %(run)s and k.id > %(after)s), '[]'), "
+    "%(follow)s and bastion.follow_run(%(run)s)"
 )
+_APPEND: Final = "select bastion.append_chunks(%s, %s, %s, %s::jsonb, %s, %s)"
+_APPEND_DURABLE: Final = "select bastion.append_chunks(%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s)"
 
 
 class PostgresLiveTurns:
@@ -61,6 +70,7 @@ class PostgresLiveTurns:
         self._poll = poll_seconds
         self._stops: dict[str, set[asyncio.Event]] = {}
         self._followers: dict[str, set[asyncio.Event]] = {}
+        self._logs: dict[str, set[ChunkLog]] = {}
         self._listener: asyncio.Task[None] | None = None
 
     # Writing
@@ -73,42 +83,37 @@ class PostgresLiveTurns:
         on_stop: Callable[[], None],
         checkpoints: TurnCheckpoints | None = None,
     ) -> ChunkLog:
-        """The run's stream log; a write that finds the run asked to stop calls `on_stop`.
+        """The run's stream log; a write that finds the run asked to stop calls `on_stop`. A follower in
+        any process makes it write live (`ChunkLog.follow`) until it is closed.
 
         With a durable turn's `checkpoints`, each write carries the pending ones and is fenced by the
         process running the run: once another process adopted it, writes store nothing and stop.
         """
 
         async def write(batch: ChunkBatch) -> bool:
-            chunks = Jsonb(list(batch.chunks))
+            arguments = (run_id, batch.seq, batch.reset, batch.json().decode(), batch.durable, batch.notify)
             if checkpoints is None:
                 async with self._store.transaction(identity) as conn:
-                    cursor = await conn.execute(
-                        "select bastion.append_chunks(%s, %s, %s, %s, %s)",
-                        (run_id, batch.seq, batch.reset, chunks, batch.durable),
-                    )
+                    cursor = await conn.execute(_APPEND, arguments)
                 return _stop(await cursor.fetchone())
             taken, results = checkpoints.take(), checkpoints.take_results()
             async with self._store.transaction(identity) as conn:
                 cursor = await conn.execute(
-                    "select bastion.append_chunks(%s, %s, %s, %s, %s, %s, %s, %s)",
-                    (
-                        run_id,
-                        batch.seq,
-                        batch.reset,
-                        chunks,
-                        batch.durable,
-                        checkpoints.worker,
-                        Jsonb(taken),
-                        Jsonb(recordable(results)),
-                    ),
+                    _APPEND_DURABLE,
+                    (*arguments, checkpoints.worker, Jsonb(taken), Jsonb(recordable(results))),
                 )
             stop = _stop(await cursor.fetchone())
             checkpoints.stored(taken)
             checkpoints.results_logged(results)
             return stop
 
-        return ChunkLog(write, interval=self._flush_interval, on_stop=on_stop)
+        def closed() -> None:
+            _discard(self._logs, run_id, log)
+
+        self._ensure_listening()
+        log = ChunkLog(write, interval=self._flush_interval, on_stop=on_stop, on_close=closed)
+        self._logs.setdefault(run_id, set()).add(log)
+        return log
 
     # Stopping
 
@@ -162,17 +167,23 @@ class PostgresLiveTurns:
         When a new attempt supersedes chunks already yielded, yields `reset-step` (AI SDK 7) if
         `reset_step`, else raises `StreamSuperseded` so the response closes and the client replays.
         Ends after the `finish` chunk, or when the run is no longer in flight and its log is read
-        to the end (adding a `finish` the log lacks).
+        to the end (adding a `finish` the log lacks). A run seen in flight writes its last chunks
+        just after it settles: that write is waited for (at most `poll_seconds`) before the end.
         """
         self._ensure_listening()
         wake = asyncio.Event()
         self._followers.setdefault(run_id, set()).add(wake)
         assembly = StreamAssembly()
         after = 0
+        ask = True  # for the run to be streamed live: at first, and whenever a wait found nothing
+        tail_awaited = True  # nothing to wait for until the run is seen in flight
         try:
             while True:
                 wake.clear()
-                live, rows = await self._read(identity, run_id, after)
+                if ask:
+                    for log in self._logs.get(run_id, ()):
+                        log.follow()  # the turn runs here: no need to wait for the notification
+                live, rows = await self._read(identity, run_id, after, follow=ask)
                 # Everything read is applied before anything is sent: an attempt superseded within
                 # what was read (a take-over, read after the fact) is never sent, only what stands.
                 superseded = False
@@ -187,20 +198,27 @@ class PostgresLiveTurns:
                     yield chunk
                 if assembly.finished:
                     return
-                if not live and not rows:
+                if live:
+                    tail_awaited = False
+                elif not rows and tail_awaited:
                     if assembly.chunks and assembly.chunks[0].get("type") == "start":
                         yield {"type": "finish"}
                     return
-                with contextlib.suppress(TimeoutError):
+                elif not rows:
+                    tail_awaited = True
+                try:
                     await asyncio.wait_for(wake.wait(), self._poll)
+                    ask = False
+                except TimeoutError:
+                    ask = True  # the request may have been missed, or the turn taken over elsewhere
         finally:
             _discard(self._followers, run_id, wake)
 
     async def _read(
-        self, identity: StoreIdentity, run_id: str, after: int
+        self, identity: StoreIdentity, run_id: str, after: int, *, follow: bool
     ) -> tuple[bool, list[tuple[int, int, bool, list[dict[str, Any]]]]]:
         async with self._store.transaction(identity) as conn:
-            cursor = await conn.execute(_READ, {"run": run_id, "after": after})
+            cursor = await conn.execute(_READ, {"run": run_id, "after": after, "follow": follow})
         row = await cursor.fetchone()
         assert row is not None
         return bool(row[0]), [(int(i), int(s), bool(r), c) for i, s, r, c in row[1]]
@@ -219,6 +237,10 @@ class PostgresLiveTurns:
                     self._wake_everyone()
                     async for note in conn.notifies():
                         kind, _, run_id = note.payload.partition(":")
+                        if kind == "follow":
+                            for log in self._logs.get(run_id, ()):
+                                log.follow()
+                            continue
                         events = self._stops if kind == "stop" else self._followers
                         for event in events.get(run_id, ()):
                             event.set()
@@ -230,10 +252,14 @@ class PostgresLiveTurns:
                 await asyncio.sleep(self._poll)
 
     def _wake_everyone(self) -> None:
-        """After a (re)connect, notifications may have been missed: followers re-read."""
+        """After a (re)connect, notifications may have been missed: followers re-read, running turns
+        check for a stop."""
         for events in self._followers.values():
             for event in events:
                 event.set()
+        for logs in self._logs.values():
+            for log in logs:
+                log.check()
 
     async def close(self) -> None:
         if self._listener is not None:
@@ -247,7 +273,7 @@ def _stop(row: tuple[Any, ...] | None) -> bool:
     return bool(row and row[0])
 
 
-def _discard(registry: dict[str, set[asyncio.Event]], key: str, event: asyncio.Event) -> None:
+def _discard(registry: dict[str, set[Any]], key: str, event: Any) -> None:
     events = registry.get(key)
     if events is not None:
         events.discard(event)

@@ -101,7 +101,8 @@ class SqliteStore:
         self._closed = False
         self.worker_key: Final = new_worker_key()
         LIVE_WORKERS.add(self.worker_key)
-        self._leases = LeaseKeeper(self._renew_leases)
+        # What its persistence (`SqliteAgentPersistence`, through `SqliteRunHost`) runs turns with.
+        self.leases: Final = LeaseKeeper(self._renew_leases)
         self.schema: Final = schema or ConversationSchema()
 
     @classmethod
@@ -121,7 +122,7 @@ class SqliteStore:
         """Close the connection after the work already queued; later calls raise `RuntimeError`."""
         if self._closed:
             return
-        await self._leases.close()
+        await self.leases.close()
         self._closed = True
         LIVE_WORKERS.discard(self.worker_key)
         await asyncio.get_running_loop().run_in_executor(self._executor, self._connection.close)
@@ -138,13 +139,15 @@ class SqliteStore:
     async def migrate(self, *, upto: int | None = None) -> list[int]:
         """Apply pending migrations (up to version `upto`) in one transaction; return their versions."""
         migrations = [m for m in available_sqlite_migrations() if upto is None or m.version <= upto]
-        return await self._run(lambda conn: apply_sqlite_migrations(conn, migrations), write=True)
+        return await self.run_in_transaction(
+            lambda conn: apply_sqlite_migrations(conn, migrations), write=True
+        )
 
     async def migrate_application(self, *, component: str, migrations: Sequence[Migration]) -> list[int]:
         """Apply an application's own migrations after bastion's, recorded under `component`, in one
         transaction, as `apply_application_migrations` does for Postgres."""
         check_component(component)
-        return await self._run(
+        return await self.run_in_transaction(
             lambda conn: apply_sqlite_migrations(conn, migrations, component=component), write=True
         )
 
@@ -154,7 +157,7 @@ class SqliteStore:
             "worker": self.worker_key,
             "lease": microseconds_now() + round(lease_seconds * 1_000_000),
         }
-        await self._run(lambda conn: conn.execute(RENEW_WORKER_LEASES, params), write=True)
+        await self.run_in_transaction(lambda conn: conn.execute(RENEW_WORKER_LEASES, params), write=True)
 
     def persistence(
         self,
@@ -171,7 +174,7 @@ class SqliteStore:
             can_respond_to_approval=can_respond_to_approval,
         )
 
-    async def _run(self, work: Work[T], *, write: bool) -> T:
+    async def run_in_transaction(self, work: Work[T], *, write: bool) -> T:
         """Run `work` as one transaction on the store's thread; any exception rolls it back."""
         if self._closed:
             raise RuntimeError("This SqliteStore is closed.")
@@ -201,7 +204,9 @@ class SqliteStore:
         params = scope(identity, chosen) | values | {"now": microseconds_now()}
         statement = sqlite_insert(self.schema, values)
         try:
-            row = await self._run(lambda conn: conn.execute(statement, params).fetchone(), write=True)
+            row = await self.run_in_transaction(
+                lambda conn: conn.execute(statement, params).fetchone(), write=True
+            )
         except sqlite3.IntegrityError:
             raise InvalidInputError() from None
         return self._conversation(row)
@@ -214,7 +219,9 @@ class SqliteStore:
         where = (filter or ConversationFilter()).checked(self.schema.columns)
         statement, values = sqlite_list(self.schema, where)
         params = scope(identity) | values | {"limit": limit}
-        rows = await self._run(lambda conn: conn.execute(statement, params).fetchall(), write=False)
+        rows = await self.run_in_transaction(
+            lambda conn: conn.execute(statement, params).fetchall(), write=False
+        )
         return [self._conversation(row) for row in rows]
 
     async def get_conversation(self, identity: StoreIdentity, conversation_id: str) -> Conversation[Any]:
@@ -222,7 +229,9 @@ class SqliteStore:
         statement = (
             f"select {sqlite_select(self.schema)} from bastion_conversations where id = :id and {OWNED}"
         )
-        row = await self._run(lambda conn: conn.execute(statement, params).fetchone(), write=False)
+        row = await self.run_in_transaction(
+            lambda conn: conn.execute(statement, params).fetchone(), write=False
+        )
         return self._conversation(row)
 
     async def update_conversation(
@@ -236,7 +245,9 @@ class SqliteStore:
             "update bastion_conversations set title = :title, updated_at = :now "
             f"where id = :id and {OWNED} returning {sqlite_select(self.schema)}"
         )
-        row = await self._run(lambda conn: conn.execute(statement, params).fetchone(), write=True)
+        row = await self.run_in_transaction(
+            lambda conn: conn.execute(statement, params).fetchone(), write=True
+        )
         return self._conversation(row)
 
     async def set_conversation_state(
@@ -250,7 +261,9 @@ class SqliteStore:
             "update bastion_conversations set state = :state, updated_at = :now "
             f"where id = :id and {OWNED} returning {sqlite_select(self.schema)}"
         )
-        row = await self._run(lambda conn: conn.execute(statement, params).fetchone(), write=True)
+        row = await self.run_in_transaction(
+            lambda conn: conn.execute(statement, params).fetchone(), write=True
+        )
         return self._conversation(row)
 
     def _conversation(self, row: tuple[Any, ...] | None) -> Conversation[Any]:
@@ -261,7 +274,9 @@ class SqliteStore:
     async def delete_conversation(self, identity: StoreIdentity, conversation_id: str) -> None:
         """Delete a conversation with its messages, runs, events, tool executions and feedback."""
         params = scope(identity, parse_uuid(conversation_id))
-        row = await self._run(lambda conn: conn.execute(DELETE_CONVERSATION, params).fetchone(), write=True)
+        row = await self.run_in_transaction(
+            lambda conn: conn.execute(DELETE_CONVERSATION, params).fetchone(), write=True
+        )
         if row is None:
             raise NotFoundError()
 
@@ -273,7 +288,9 @@ class SqliteStore:
         check_cursor(after_seq)
         check_limit(limit, maximum=10_000)
         params = scope(identity, conversation) | {"after": after_seq, "limit": limit}
-        rows = await self._run(lambda conn: _owned_rows(conn, LIST_MESSAGES, params), write=False)
+        rows = await self.run_in_transaction(
+            lambda conn: _owned_rows(conn, LIST_MESSAGES, params), write=False
+        )
         return [
             StoredMessage(
                 seq=seq, id=message_id, role=role, message=json.loads(message), created_at=stored_time(at)
@@ -303,7 +320,9 @@ class SqliteStore:
             "comment": comment,
             "now": microseconds_now(),
         }
-        row = await self._run(lambda conn: conn.execute(UPSERT_FEEDBACK, params).fetchone(), write=True)
+        row = await self.run_in_transaction(
+            lambda conn: conn.execute(UPSERT_FEEDBACK, params).fetchone(), write=True
+        )
         if row is None:
             raise NotFoundError()
         return Feedback(
@@ -322,7 +341,7 @@ class SqliteStore:
         check_cursor(after)
         check_limit(limit)
         params = scope(identity, conversation) | {"after": after, "limit": limit}
-        rows = await self._run(lambda conn: _owned_rows(conn, LIST_EVENTS, params), write=False)
+        rows = await self.run_in_transaction(lambda conn: _owned_rows(conn, LIST_EVENTS, params), write=False)
         return [
             RunEvent(id=event_id, run_id=run_id, type=kind, data=json.loads(data), created_at=stored_time(at))
             for event_id, run_id, kind, data, at in rows

@@ -68,12 +68,13 @@ begin
 end
 $$;
 
--- `append_chunks` (0010), carrying checkpoints and finished tool results (as `record_tool_results`)
--- and, given `p_worker`, fenced by the process running the run: a batch from a process that no
--- longer runs it stores nothing and answers true ("stop").
+-- `append_chunks` (0013, which it overloads: that one keeps its signature), carrying checkpoints and
+-- finished tool results (as `record_tool_results`) and, given `p_worker`, fenced by the process
+-- running the run: a batch from a process that no longer runs it stores nothing and answers true
+-- ("stop"). As in 0013, it notifies the run's followers only when `p_notify`.
 create function bastion.append_chunks(
-  p_run uuid, p_seq integer, p_reset boolean, p_chunks jsonb, p_durable boolean, p_worker bigint,
-  p_steps jsonb, p_tool_results jsonb
+  p_run uuid, p_seq integer, p_reset boolean, p_chunks jsonb, p_durable boolean, p_notify boolean,
+  p_worker bigint, p_steps jsonb, p_tool_results jsonb
 )
   returns boolean
   language plpgsql
@@ -105,6 +106,8 @@ begin
   if p_reset or jsonb_array_length(p_chunks) > 0 then
     insert into bastion.run_chunks (run_id, owner_id, tenant_id, seq, reset, chunks)
     values (p_run, v_user, v_run.tenant_id, p_seq, p_reset, p_chunks);
+  end if;
+  if p_notify then
     perform pg_notify('bastion_turns', 'chunk:' || p_run::text);
   end if;
   return v_run.stop_requested_at is not null;
@@ -160,11 +163,11 @@ $$;
 revoke execute on function
   bastion.put_run_steps(bastion.runs, jsonb),
   bastion.record_run_steps(uuid, bigint, jsonb),
-  bastion.append_chunks(uuid, integer, boolean, jsonb, boolean, bigint, jsonb, jsonb),
+  bastion.append_chunks(uuid, integer, boolean, jsonb, boolean, boolean, bigint, jsonb, jsonb),
   bastion.adopt_turn(uuid, bigint, double precision)
   from public;
 grant execute on function
   bastion.record_run_steps(uuid, bigint, jsonb),
-  bastion.append_chunks(uuid, integer, boolean, jsonb, boolean, bigint, jsonb, jsonb),
+  bastion.append_chunks(uuid, integer, boolean, jsonb, boolean, boolean, bigint, jsonb, jsonb),
   bastion.adopt_turn(uuid, bigint, double precision)
   to authenticated;
