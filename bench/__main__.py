@@ -25,6 +25,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--min-turns", type=int, default=24, help="least turns in one batch")
     parser.add_argument("--calibration-words", type=int, default=20, help="0 to skip the CPU split")
     parser.add_argument(
+        "--conversation-concurrency",
+        type=_numbers,
+        default=[],
+        help="run the conversations only at these concurrencies (default: every --concurrency)",
+    )
+    parser.add_argument(
+        "--round-trips", type=int, default=8, help="turns per system of the counted pass (0: none)"
+    )
+    parser.add_argument(
         "--output", type=Path, default=Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
     )
     arguments = parser.parse_args(argv)
@@ -35,6 +44,8 @@ def main(argv: list[str]) -> int:
         scenarios=[s for s in arguments.scenarios.split(",") if s],  # type: ignore[misc]
         min_turns=arguments.min_turns,
         calibration_words=arguments.calibration_words,
+        round_trip_turns=arguments.round_trips,
+        conversation_concurrency=arguments.conversation_concurrency,
     )
     run = run_benchmark(options, progress=lambda line: print(line, flush=True))
     section = render(run, command=" ".join(["bench/run", *map(shlex.quote, argv)]))

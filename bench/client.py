@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 
 _MAX_HEADER_LINES = 100
+_TEXT_DELTA = b'"text-delta"'
 
 
 class HttpProtocolError(Exception):
@@ -30,11 +32,13 @@ class HttpRequest:
 
 @dataclass(frozen=True, slots=True)
 class HttpResponse:
-    """The status, lower-cased headers and the full body of a response."""
+    """The status, lower-cased headers and the full body of a response; `first_delta_at` is when the
+    piece of the body holding its first text delta arrived (`time.perf_counter()`), if it had one."""
 
     status: int
     headers: dict[str, str]
     body: bytes
+    first_delta_at: float | None = None
 
 
 class HttpConnection:
@@ -82,22 +86,29 @@ async def _read_response(reader: asyncio.StreamReader) -> HttpResponse:
         headers[name.strip().lower()] = value.strip()
     else:
         raise HttpProtocolError("too many header lines")
+    first_delta_at = None
     if headers.get("transfer-encoding", "").lower() == "chunked":
-        body = await _read_chunked(reader)
+        body, first_delta_at = await _read_chunked(reader)
     elif "content-length" in headers:
         body = await reader.readexactly(int(headers["content-length"]))
     else:
         body = await reader.read()
-    return HttpResponse(status=int(parts[1]), headers=headers, body=body)
+    return HttpResponse(status=int(parts[1]), headers=headers, body=body, first_delta_at=first_delta_at)
 
 
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+async def _read_chunked(reader: asyncio.StreamReader) -> tuple[bytes, float | None]:
+    """The body, and when the HTTP chunk holding the first text delta arrived (a byte search per HTTP
+    chunk until then; the events themselves are parsed by the verifier, after the clock stops)."""
     chunks: list[bytes] = []
+    first_delta_at = None
     while True:
         size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
         if size == 0:
             while await reader.readuntil(b"\r\n") != b"\r\n":
                 pass
-            return b"".join(chunks)
-        chunks.append(await reader.readexactly(size))
+            return b"".join(chunks), first_delta_at
+        chunk = await reader.readexactly(size)
+        if first_delta_at is None and _TEXT_DELTA in chunk:
+            first_delta_at = time.perf_counter()
+        chunks.append(chunk)
         await reader.readexactly(2)

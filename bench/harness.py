@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -48,7 +49,8 @@ class Cell:
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    """What to measure and how much. `min_turns` is the least number of turns in one batch."""
+    """What to measure and how much. `min_turns` is the least number of turns in one batch;
+    `conversation_concurrency` limits the conversations to those concurrencies (default: all)."""
 
     systems: Sequence[str]
     rounds: int = 3
@@ -60,9 +62,16 @@ class Options:
     calibration_words: int = 20
     calibration_concurrency: int = 16
     warmup_turns: int = 8
+    round_trip_turns: int = 0
+    conversation_concurrency: Sequence[int] = ()
 
     def cells(self) -> list[Cell]:
-        cells = [Cell(s, c, self.words) for s in self.scenarios for c in self.concurrency]
+        cells = [
+            Cell(s, c, self.words)
+            for s in self.scenarios
+            for c in self.concurrency
+            if s == "new" or not self.conversation_concurrency or c in self.conversation_concurrency
+        ]
         if self.calibration_words and self.calibration_words != self.words:
             full = Cell("new", self.split_concurrency, self.words)
             if full not in cells:
@@ -88,6 +97,7 @@ class Batch:
     turns: int = 0
     deltas: int = 0
     latencies: list[float] = field(default_factory=list)
+    first_deltas: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     wall_seconds: float = 0.0
     server_cpu_seconds: float = 0.0
@@ -100,6 +110,8 @@ class Run:
     batches: list[Batch]
     roles: dict[str, str]
     postgres_version: str | None
+    round_trips: dict[str, float] = field(default_factory=dict)
+    load_average: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
 
 
 async def run_cell(
@@ -130,7 +142,7 @@ async def _user(
     connection = HttpConnection(port)
     try:
         for _ in range(conversations):
-            chat_id, history = uuid.uuid4().hex, []
+            chat_id, history = str(uuid.uuid4()), []
             for _ in range(turns):
                 history.append(user_message(cell.words))
                 request = system.build_request(chat_id, history, client)
@@ -144,6 +156,8 @@ async def _user(
                     await connection.close()
                     break
                 batch.latencies.append(elapsed)
+                if response.first_delta_at is not None:
+                    batch.first_deltas.append(response.first_delta_at - started)
                 batch.turns += 1
                 batch.deltas += verified.deltas
                 history.append(verified.message)
@@ -172,11 +186,37 @@ def run_benchmark(options: Options, *, progress: Callable[[str], None] = lambda 
                 url = postgres.create_database(databases[name])
             config = ServerConfig(database_url=url, supabase_url=SUPABASE_URL, jwks=project.jwks)
             servers[name] = SystemServer(name, config, workdir)
-        for server in servers.values():
-            server.wait_ready()
+            # One after another: bastion's migrations create roles the cluster's databases share.
+            servers[name].wait_ready()
+        load_before = os.getloadavg()
         batches = asyncio.run(_measure(options, modules, servers, client, postgres, databases, progress))
+        load_after = os.getloadavg()
+        counted: dict[str, float] = {}
+        if options.round_trip_turns and postgres is not None:
+            from bench.turn_costs import count_round_trips
+
+            urls = {name: postgres.uri(database) for name, database in databases.items()}
+            progress(f"counting round trips: {options.round_trip_turns} turns per system at c=1")
+            counted = asyncio.run(
+                count_round_trips(
+                    postgres,
+                    {name: modules[name] for name in urls},
+                    urls,
+                    project.jwks,
+                    client,
+                    workdir,
+                    options.round_trip_turns,
+                )
+            )
         roles = {name: str(module.ROLE) for name, module in modules.items()}
-        return Run(options, batches, roles, postgres.version if postgres is not None else None)
+        return Run(
+            options,
+            batches,
+            roles,
+            postgres.version if postgres is not None else None,
+            round_trips=counted,
+            load_average=(load_before, load_after),
+        )
     finally:
         for server in servers.values():
             server.stop()

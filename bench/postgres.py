@@ -9,6 +9,9 @@ so the harness's own queries (run in the `postgres` database) never count:
 - WAL bytes per turn: the write-ahead log the system's statements generated (`wal_bytes`), the bytes
   Postgres must write durably for the turn. `full_page_writes` is off for the run so that whole-page
   images after each checkpoint do not add noise that depends on checkpoint timing.
+- transactions: commits and rollbacks of the system's database (`pg_stat_database`). A backend
+  publishes its counts at most once a second while busy and within 10 s once idle, so only a reader
+  that waits for them to settle (`settled_counters`, used by `bench.turn_costs`) gets a batch's own.
 - rows written per turn: rows affected by INSERT, UPDATE, DELETE and MERGE statements, also those run
   inside a function (`pg_stat_statements.track = all`; bastion writes a turn through SQL functions).
   Statements and WAL count top-level statements only, whose figures include what they call.
@@ -18,6 +21,7 @@ Postgres CPU is the user plus system time of the server and its backends, from /
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +40,8 @@ _SETTINGS = {
 _SNAPSHOT = """
 select coalesce(sum(s.calls) filter (where s.toplevel), 0)::bigint,
        coalesce(sum(s.wal_bytes) filter (where s.toplevel), 0)::bigint,
-       coalesce(sum(s.rows) filter (where s.query ~* '^\\s*(insert|update|delete|merge)'), 0)::bigint
+       coalesce(sum(s.rows) filter (where s.query ~* '^\\s*(insert|update|delete|merge)'), 0)::bigint,
+       (select xact_commit + xact_rollback from pg_stat_database where datname = %s)::bigint
 from pg_stat_statements s join pg_database d on d.oid = s.dbid
 where d.datname = %s
 """
@@ -50,6 +55,7 @@ class DatabaseCounters:
     wal_bytes: int
     rows_written: int
     cpu_seconds: float
+    transactions: int = 0
 
     def __sub__(self, other: DatabaseCounters) -> DatabaseCounters:
         return DatabaseCounters(
@@ -57,6 +63,7 @@ class DatabaseCounters:
             wal_bytes=self.wal_bytes - other.wal_bytes,
             rows_written=self.rows_written - other.rows_written,
             cpu_seconds=self.cpu_seconds - other.cpu_seconds,
+            transactions=self.transactions - other.transactions,
         )
 
 
@@ -85,14 +92,35 @@ class BenchPostgres:
         self._admin.execute(f'create database "{name}"')
         return str(self._server.get_uri(database=name))
 
+    def uri(self, database: str) -> str:
+        """The connection URI of `database` (created before)."""
+        return str(self._server.get_uri(database=database))
+
     def counters(self, database: str) -> DatabaseCounters:
-        statements, wal_bytes, rows = self._admin.execute(_SNAPSHOT, (database,)).fetchone()  # type: ignore[misc]
+        # pg_stat_database's counters are read from a snapshot taken once per transaction: clear it.
+        self._admin.execute("select pg_stat_clear_snapshot()")
+        row = self._admin.execute(_SNAPSHOT, (database, database)).fetchone()
+        statements, wal_bytes, rows, transactions = row  # type: ignore[misc]
         return DatabaseCounters(
             statements=int(statements),
             wal_bytes=int(wal_bytes),
             rows_written=int(rows),
             cpu_seconds=children_cpu_seconds(self.pid),
+            transactions=int(transactions or 0),
         )
+
+    def settled_counters(self, database: str, *, quiet: float = 1.5, limit: float = 12.0) -> DatabaseCounters:
+        """The counters once the transaction count has not moved for `quiet` seconds (at most `limit`)."""
+        deadline = time.monotonic() + limit
+        last = self.counters(database)
+        steady_since = time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - steady_since < quiet:
+            time.sleep(0.25)
+            current = self.counters(database)
+            if current.transactions != last.transactions:
+                steady_since = time.monotonic()
+            last = current
+        return last
 
     def reset_statements(self) -> None:
         self._admin.execute("select pg_stat_statements_reset()")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench.client import HttpRequest, HttpResponse
@@ -33,16 +34,33 @@ class VerifiedTurn:
     deltas: int
 
 
+@dataclass(frozen=True, slots=True)
+class ExpectedTool:
+    """The one tool call a turn makes, and what its result must satisfy (the script's `lookup`, unless a
+    system's agent has its own tools)."""
+
+    name: str = TOOL_NAME
+    input: Any = field(default_factory=lambda: dict(TOOL_ARGS))
+    output_ok: Callable[[Any], bool] = lambda output: output == lookup_result(TOOL_ARGS["key"])
+
+
+LOOKUP = ExpectedTool()
+
+
 def user_message(words: int) -> dict[str, Any]:
     return {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": prompt(words)}]}
 
 
 def chat_request(
-    chat_id: str, messages: list[dict[str, Any]], *, headers: dict[str, str] | None = None
+    chat_id: str,
+    messages: list[dict[str, Any]],
+    *,
+    headers: dict[str, str] | None = None,
+    path: str = CHAT_PATH,
 ) -> HttpRequest:
     """The request `useChat` sends for a new user message: the chat id and the whole history."""
     body = {"id": chat_id, "messages": messages, "trigger": "submit-message"}
-    return HttpRequest(path=CHAT_PATH, body=json.dumps(body).encode(), headers=dict(headers or {}))
+    return HttpRequest(path=path, body=json.dumps(body).encode(), headers=dict(headers or {}))
 
 
 def sse_events(body: bytes) -> list[str]:
@@ -61,7 +79,7 @@ def sse_events(body: bytes) -> list[str]:
     return events
 
 
-def verify_turn(response: HttpResponse, *, words: int) -> VerifiedTurn:
+def verify_turn(response: HttpResponse, *, words: int, tool: ExpectedTool = LOOKUP) -> VerifiedTurn:
     """The verified assistant message of `response`; `TurnVerificationError` for anything short of it."""
     if response.status != 200:
         raise TurnVerificationError(f"status {response.status}: {response.body[:200]!r}")
@@ -71,7 +89,7 @@ def verify_turn(response: HttpResponse, *, words: int) -> VerifiedTurn:
     if not events or events[-1] != _DONE:
         raise TurnVerificationError("the stream does not end with [DONE]")
     chunks = [_chunk(event) for event in events[:-1]]
-    return _Turn(words).read(chunks)
+    return _Turn(words, tool).read(chunks)
 
 
 def _chunk(event: str) -> dict[str, Any]:
@@ -87,8 +105,9 @@ def _chunk(event: str) -> dict[str, Any]:
 class _Turn:
     """Walks a turn's chunks once, checking the order the script demands."""
 
-    def __init__(self, words: int) -> None:
+    def __init__(self, words: int, tool: ExpectedTool) -> None:
         self._words = words
+        self._tool = tool
         self._inputs: dict[str, dict[str, Any]] = {}
         self._tool_part: dict[str, Any] | None = None
         self._text: list[str] = []
@@ -101,7 +120,7 @@ class _Turn:
         for chunk in chunks[1:]:
             self._apply(chunk)
         if self._tool_part is None:
-            raise TurnVerificationError("the lookup tool result is missing")
+            raise TurnVerificationError(f"the {self._tool.name} tool result is missing")
         if len(self._text) != self._words:
             raise TurnVerificationError(f"{len(self._text)} text deltas, expected {self._words}")
         if not self._finished:
@@ -123,7 +142,7 @@ class _Turn:
         if kind == "error":
             raise TurnVerificationError(f"an error chunk: {chunk.get('errorText')!r}")
         if kind == "tool-input-available":
-            if chunk.get("toolName") != TOOL_NAME or chunk.get("input") != TOOL_ARGS:
+            if chunk.get("toolName") != self._tool.name or chunk.get("input") != self._tool.input:
                 raise TurnVerificationError(f"an unexpected tool call: {chunk!r}")
             self._inputs[str(chunk.get("toolCallId"))] = chunk
         elif kind == "tool-output-available":
@@ -139,10 +158,10 @@ class _Turn:
             raise TurnVerificationError("more than one tool result")
         if call_id not in self._inputs:
             raise TurnVerificationError("a tool result for a call that was never made")
-        if chunk.get("output") != lookup_result(TOOL_ARGS["key"]):
+        if not self._tool.output_ok(chunk.get("output")):
             raise TurnVerificationError(f"a wrong tool result: {chunk.get('output')!r}")
         self._tool_part = {
-            "type": f"tool-{TOOL_NAME}",
+            "type": f"tool-{self._tool.name}",
             "toolCallId": call_id,
             "state": "output-available",
             "input": self._inputs[call_id]["input"],

@@ -70,6 +70,15 @@ def render(run: Run, *, command: str) -> str:
         "",
         f"Machine: {machine_description(run.postgres_version)}",
         "",
+        *(
+            [
+                "Load average (1, 5, 15 min) at the start and the end of the measurement: "
+                + ", ".join(" / ".join(f"{v:.2f}" for v in load) for load in run.load_average),
+                "",
+            ]
+            if run.load_average
+            else []
+        ),
         "Each round runs every cell for every system in turn (order rotated per round); "
         f"{options.rounds} rounds. A batch is at least {options.min_turns} turns; "
         f"conversations have {options.conversation_turns} turns. "
@@ -93,12 +102,31 @@ def render(run: Run, *, command: str) -> str:
             f"{f.p50_ms:.0f} / {f.p99_ms:.0f}" if f.p50_ms is not None and f.p99_ms is not None else "–"
         ),
     )
+    table(
+        "Time to the first text delta p50 / p99 (ms)",
+        main_cells,
+        lambda f: (
+            f"{f.first_delta_p50_ms:.1f} / {f.first_delta_p99_ms:.1f}"
+            if f.first_delta_p50_ms is not None and f.first_delta_p99_ms is not None
+            else "–"
+        ),
+    )
     table("Server CPU per turn (ms)", main_cells, lambda f: _spread(f.cpu_ms_per_turn))
     if any(f.db_statements_per_turn for f in figures.values()):
         table("Postgres statements per turn", main_cells, lambda f: _spread(f.db_statements_per_turn, 1))
         table("WAL bytes per turn", main_cells, lambda f: _spread(f.wal_bytes_per_turn, 0))
         table("Rows written per turn", main_cells, lambda f: _spread(f.rows_written_per_turn, 1))
         table("Postgres CPU per turn (ms)", main_cells, lambda f: _spread(f.db_cpu_ms_per_turn, 2))
+    if run.round_trips:
+        lines += [
+            f"### Round trips per turn (new conversations, c=1, {options.round_trip_turns} turns, a second "
+            "server of each system reaching Postgres through a proxy that counts each wait for the server)",
+            "",
+            "| system | round trips per turn |",
+            "|---|---|",
+        ]
+        lines += [f"| {name} | {run.round_trips[name]:.1f} |" for name in systems if name in run.round_trips]
+        lines.append("")
     lines.extend(_cpu_split_table(run, figures, systems))
     lines.extend(_ratio_table(run, figures, systems, main_cells))
     lines.extend(_failures(figures, systems))

@@ -66,13 +66,23 @@ def children_cpu_seconds(parent_pid: int) -> float:
 class SystemServer:
     """One system served by uvicorn in a subprocess of the current Python."""
 
-    def __init__(self, name: str, config: ServerConfig, workdir: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        workdir: Path,
+        *,
+        label: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """`label` names its files in `workdir` when the same system runs twice (default: `name`);
+        `env` adds to the process's environment."""
         self.name = name
         self.port = free_port()
-        config_path = workdir / f"{name}.json"
+        config_path = workdir / f"{label or name}.json"
         config_path.write_text(json.dumps(asdict(config)))
-        self._log = (workdir / f"{name}.log").open("w+b")
-        env = {**os.environ, "PYTHONPATH": str(_REPOSITORY)}
+        self._log = (workdir / f"{label or name}.log").open("w+b")
+        env = {**os.environ, **(env or {}), "PYTHONPATH": str(_REPOSITORY)}
         self._process = subprocess.Popen(
             [sys.executable, "-m", "bench.serve", name, str(self.port), str(config_path)],
             cwd=_REPOSITORY,
@@ -82,7 +92,7 @@ class SystemServer:
         )
         self.pid = self._process.pid
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:

@@ -51,11 +51,14 @@ class CellFigures:
     turns_per_second: Spread | None
     p50_ms: float | None
     p99_ms: float | None
+    first_delta_p50_ms: float | None
+    first_delta_p99_ms: float | None
     cpu_ms_per_turn: Spread | None
     db_statements_per_turn: Spread | None
     wal_bytes_per_turn: Spread | None
     rows_written_per_turn: Spread | None
     db_cpu_ms_per_turn: Spread | None
+    transactions_per_turn: Spread | None = None
 
     @property
     def failed(self) -> bool:
@@ -66,6 +69,7 @@ def cell_figures(batches: Sequence[Batch]) -> CellFigures:
     """Figures of one system's batches in one cell (one batch per round)."""
     measured = [b for b in batches if b.turns and not b.failures]
     latencies = [latency for b in measured for latency in b.latencies]
+    firsts = [first for b in measured for first in b.first_deltas]
     with_db = [b for b in measured if b.database is not None]
     failures = [reason for b in batches for reason in b.failures]
 
@@ -79,6 +83,8 @@ def cell_figures(batches: Sequence[Batch]) -> CellFigures:
         turns_per_second=Spread.of([b.turns / b.wall_seconds for b in measured]),
         p50_ms=percentile(latencies, 0.50) * 1000 if latencies else None,
         p99_ms=percentile(latencies, 0.99) * 1000 if latencies else None,
+        first_delta_p50_ms=percentile(firsts, 0.50) * 1000 if firsts else None,
+        first_delta_p99_ms=percentile(firsts, 0.99) * 1000 if firsts else None,
         cpu_ms_per_turn=per_turn([(b.server_cpu_seconds * 1000, b.turns) for b in measured]),
         db_statements_per_turn=per_turn([(b.database.statements, b.turns) for b in with_db if b.database]),
         wal_bytes_per_turn=per_turn([(b.database.wal_bytes, b.turns) for b in with_db if b.database]),
@@ -86,6 +92,7 @@ def cell_figures(batches: Sequence[Batch]) -> CellFigures:
         db_cpu_ms_per_turn=per_turn(
             [(b.database.cpu_seconds * 1000, b.turns) for b in with_db if b.database]
         ),
+        transactions_per_turn=per_turn([(b.database.transactions, b.turns) for b in with_db if b.database]),
     )
 
 

@@ -12,6 +12,8 @@ from jwt.algorithms import ECAlgorithm
 
 SUPABASE_URL = "https://bench.supabase.co"
 _KID = "bench-key-1"
+SUBJECT = "7f1c1c4e-1b0a-4f39-9d38-6a1c2b7e9a01"
+"""The signed-in user's id (the token's `sub`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +30,7 @@ def signing_project(*, lifetime: int = 6 * 3600) -> SigningProject:
         "iss": f"{SUPABASE_URL}/auth/v1",
         "aud": "authenticated",
         "role": "authenticated",
-        "sub": "7f1c1c4e-1b0a-4f39-9d38-6a1c2b7e9a01",
+        "sub": SUBJECT,
         "exp": now + lifetime,
         "iat": now,
         "email": "bench@example.com",

@@ -9,7 +9,8 @@ tool that needs approval), anything else one short text step.
 
 `BASTION_TEST_DIE` makes the process SIGKILL itself at a point a timer cannot hit reliably:
 `before-save` (just before the turn's save) or `after-save` (just after it, before the workflow
-records its end).
+records its end). `BASTION_TEST_START_DELAY` (seconds) delays building the routes after the engine
+launched, as a process that registers slowly would: DBOS may hand it recovered turns meanwhile.
 """
 
 from __future__ import annotations
@@ -52,7 +53,17 @@ def delay() -> float:
 
 
 async def record(conversation: str, kind: str) -> int:
-    """Record one effect; how many of its kind the conversation had before."""
+    """Record one effect; how many of its kind the conversation had before. While the database is
+    down (a test restarting it), the record waits for it, as a model or a tool would not notice."""
+    for _ in range(300):
+        try:
+            return await _record(conversation, kind)
+        except psycopg.OperationalError:
+            await asyncio.sleep(0.1)
+    return await _record(conversation, kind)
+
+
+async def _record(conversation: str, kind: str) -> int:
     async with await psycopg.AsyncConnection.connect(os.environ["BASTION_TEST_DSN"], autocommit=True) as conn:
         cursor = await conn.execute(
             "select count(*) from public.durable_turn_effects where conversation = %s and kind = %s",
@@ -144,8 +155,11 @@ async def main(port: int) -> None:
     if os.environ.get("BASTION_TEST_DIE"):
         die_while_saving(os.environ["BASTION_TEST_DIE"])
     dsn = os.environ["BASTION_TEST_APP_DSN"]
-    store = await PostgresStore.open(dsn, max_size=4)
+    store = await PostgresStore.open(
+        dsn, max_size=4, pool_timeout=float(os.environ.get("BASTION_TEST_POOL_TIMEOUT", "30"))
+    )
     engine = await DurableEngine.launch(dsn, recovery_interval=0.25)
+    await asyncio.sleep(float(os.environ.get("BASTION_TEST_START_DELAY", "0")))
     agent = define_agent(name="durable-test", instructions="Answer.", tools=tools)
     model = FunctionModel(stream_function=scripted)
     routes = chat_routes(

@@ -73,7 +73,9 @@ class Cluster:
         token = es256(self.keys, user_claims(ISSUER, time.time(), sub=user))
         return {"Authorization": f"Bearer {token}"}
 
-    async def start(self, name: str, *, die: str | None = None) -> Worker:
+    async def start(
+        self, name: str, *, die: str | None = None, start_delay: float = 0.0, pool_timeout: float = 30.0
+    ) -> Worker:
         port = free_port()
         env = {
             **os.environ,
@@ -83,6 +85,8 @@ class Cluster:
             "BASTION_TEST_JWKS": json.dumps(self.keys.jwks()),
             "BASTION_TEST_DELAY": str(self.delay),
             "BASTION_EXECUTOR_ID": f"{name}-{uuid.uuid4().hex[:8]}",
+            "BASTION_TEST_START_DELAY": str(start_delay),
+            "BASTION_TEST_POOL_TIMEOUT": str(pool_timeout),
         }
         env.pop("BASTION_TEST_DIE", None)
         if die is not None:

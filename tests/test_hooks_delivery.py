@@ -216,6 +216,42 @@ async def test_every_event_type_reaches_a_hook_once_in_effect_when_its_worker_is
     assert calls(database, "recorder")[held] == 2
 
 
+async def test_a_delivery_recovered_before_its_new_worker_started_delivering_waits_and_completes(
+    hook_tables: HooksDatabase, hooks_store: PostgresStore
+) -> None:
+    """A restart on the same database: the new process's DBOS hands it the dead worker's batch before
+    it started delivering; the batch waits for the delivery, and every event takes effect once."""
+    database = hook_tables
+    database.execute("insert into public.hook_hold values ('run.completed')")
+    dead = f"dead-{uuid.uuid4().hex[:8]}"
+    worker = await _start_worker(database, dead, "recorder")
+    try:
+        await simple_turns(hooks_store, 3)
+        expected = outbox_ids(database)
+        [held] = [event_id for event_id, kind, _ in expected if kind == "run.completed"][:1]
+        await until(lambda: calls(database, "recorder").get(held) == 1)
+        worker.send_signal(signal.SIGKILL)
+        await worker.wait()
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
+    database.execute("delete from public.hook_hold")
+    engine = await DurableEngine.launch(database.app_dsn, recovery_interval=0.2)
+    async with engine:
+        await until(lambda: dead in engine.recovered, 30)
+        await asyncio.sleep(1.0)  # the recovered batch runs meanwhile, with no delivery yet
+        delivery = await HookDelivery.start(
+            engine, hooks_store.pool, hook_apps.registry("recorder"), listen_conninfo=database.app_dsn
+        )
+        try:
+            await until(lambda: len(effects(database, "recorder")) == len(expected), 30)
+        finally:
+            await delivery.close()
+    assert effects(database, "recorder") == expected
+    assert calls(database, "recorder")[held] == 2
+
+
 async def test_a_replay_delivers_a_hook_again_from_an_event_as_a_new_generation(
     hook_tables: HooksDatabase, hooks_store: PostgresStore
 ) -> None:

@@ -1,5 +1,6 @@
-"""A batch's session writes applied at once (`bastion.apply_session_writes`, each row written once with
-its final state) store exactly what the same writes applied one by one store, for generated chats
+"""A batch's session writes applied at once (`bastion.apply_session_writes_at_once`, which
+`bastion.apply_session_writes` calls after its owner checks; each row written once with its final
+state) store exactly what the same writes applied one by one store, for generated chats
 that do everything a batch can hold: runs started, settled twice, settled without a start or started
 again; assistant messages written before their run exists, updated, or naming no run; deletions of
 the leaf and of other messages; windows handed over again; and batches out of a chat's event order,
@@ -28,7 +29,7 @@ _FINAL = [
     ("waiting_for_approval", "complete"),
 ]
 _AT_ONCE = (
-    "select bastion.apply_session_writes(array("
+    "select bastion.apply_session_writes_at_once(array("
     " select w from jsonb_populate_recordset(null::bastion.session_write, %s) w))"
 )
 _IN_ORDER = (

@@ -170,6 +170,7 @@ async def test_odd_event_data_writes_what_the_previous_version_wrote(
     metadata; usage that is no object: each written (or not) as the Python conversion did."""
     ada = someone()
     conversation, run = str(uuid.uuid4()), str(uuid.uuid4())
+    await hooks_store.create_conversation(ada, conversation_id=conversation)
     message = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
     odd: list[tuple[str, str | None, dict[str, Any]]] = [
         ("run.started", None, {}),
@@ -253,6 +254,8 @@ async def test_only_the_application_server_may_call_the_functions_writing_the_ch
         "select bastion.persist_session_outbox('{}', null, '')",
         "select bastion.apply_session_writes('{}')",
         "select bastion.apply_session_writes_in_order('{}')",
+        "select bastion.apply_session_writes_at_once('{}')",
+        "select bastion.session_conversations('{}')",
     ]
     for dsn, call in itertools.product((hooks_database.app_dsn, hooks_database.direct_dsn), calls):
         try:
@@ -267,6 +270,8 @@ async def test_only_the_application_server_may_call_the_functions_writing_the_ch
         "bastion.persist_session_outbox(bigint[], text, text)",
         "bastion.apply_session_writes(bastion.session_write[])",
         "bastion.apply_session_writes_in_order(bastion.session_write[])",
+        "bastion.apply_session_writes_at_once(bastion.session_write[])",
+        "bastion.session_conversations(uuid[])",
     ]
     granted = hooks_database.rows(
         "select f, has_function_privilege('authenticated', f, 'execute'),"

@@ -333,3 +333,57 @@ async def test_a_message_and_its_reply_job_commit_together(
         assert conn.execute(
             "select count(*) from bastion.inbox_messages where tenant_id = %s", (tenant,)
         ).fetchone() == (0,)
+
+
+class UnreliableInbox(PostgresInbox):
+    """Posting the bot's reply fails `failures` times with `error`, then works."""
+
+    def __init__(self, store: PostgresStore, error: Exception, failures: int) -> None:
+        super().__init__(store)
+        self.error, self.failures, self.tries = error, failures, 0
+
+    async def post_bot_reply(self, contact: Any, message_id: str, text: str, *, job_id: str) -> Any:
+        self.tries += 1
+        if self.tries <= self.failures:
+            raise self.error
+        return await super().post_bot_reply(contact, message_id, text, job_id=job_id)
+
+
+async def test_a_reply_that_cannot_be_posted_hands_the_conversation_to_staff(
+    inbox_store: PostgresStore, engine: DurableEngine
+) -> None:
+    inbox = UnreliableInbox(inbox_store, RuntimeError("the post failed"), failures=100)
+    replies = InboxReplies(inbox, agent=support_agent(), model=EchoModel().model())
+    await replies.start(engine)
+    try:
+        tenant = new_tenant()
+        message = await _arrive(inbox, tenant, "Hello?")
+        assert await _outcome(message) == "failed"
+    finally:
+        replies.stop()
+    assert inbox.tries == 3
+    conversation = await inbox.get_conversation(staff_of(tenant), message.conversation_id)
+    assert conversation.bot_mode == "human"
+    assert conversation.handoff_reason == "The bot could not answer (reply_failed)."
+    assert await _conversation(inbox, tenant, message) == [("contact", "Hello?")]
+
+
+async def test_a_reply_waits_for_a_database_it_cannot_reach_rather_than_giving_up(
+    inbox_store: PostgresStore, engine: DurableEngine
+) -> None:
+    inbox = UnreliableInbox(inbox_store, psycopg.OperationalError("connection refused"), failures=3)
+    replies = InboxReplies(inbox, agent=support_agent(), model=EchoModel().model())
+    await replies.start(engine)
+    try:
+        tenant = new_tenant()
+        message = await _arrive(inbox, tenant, "Still there?")
+        assert await _outcome(message) == "posted"
+    finally:
+        replies.stop()
+    assert inbox.tries == 4
+    conversation = await inbox.get_conversation(staff_of(tenant), message.conversation_id)
+    assert conversation.bot_mode == "bot"
+    assert await _conversation(inbox, tenant, message) == [
+        ("contact", "Still there?"),
+        ("bot", "Re: Still there?"),
+    ]

@@ -14,6 +14,7 @@ import pytest
 
 from bastion.auth import SupabaseEnv
 from bastion.inbox import (
+    INBOX_STAFF_ROLE,
     ContactPrincipal,
     ContactTokens,
     InboxChannel,
@@ -38,9 +39,12 @@ class Api:
     channel: InboxChannel
     other_channel: InboxChannel
 
-    def staff(self, tenant: str | None) -> dict[str, str]:
+    def staff(self, tenant: str | None, *, named: bool = True) -> dict[str, str]:
+        """A token of a signed-in user of `tenant`, naming them inbox staff unless `named` is false."""
         identity = staff_of(tenant)
-        app_metadata = {"tenant_id": tenant} if tenant else {}
+        app_metadata: dict[str, object] = {"tenant_id": tenant} if tenant else {}
+        if named:
+            app_metadata["roles"] = [INBOX_STAFF_ROLE]
         claims = user_claims(self.env.issuer, time.time(), sub=identity.user_id, app_metadata=app_metadata)
         return {"Authorization": f"Bearer {es256(self.keys, claims)}"}
 
@@ -119,6 +123,46 @@ async def test_the_webhook_stores_a_message_once_per_id(api: Api, inbox_database
     assert [(c["contact_name"], c["preview"], c["bot_mode"]) for c in listed.json()["conversations"]] == [
         ("Ada", "Where is my order?", "bot")
     ]
+
+
+async def test_a_signed_in_user_of_the_tenant_staffs_nothing_unless_the_token_names_them(api: Api) -> None:
+    delivered = await api.deliver("My card number is private", message_id="wa-secret")
+    path = f"/api/inbox/conversations/{delivered.json()['conversation_id']}"
+    member = api.staff(api.tenant, named=False)
+    for method, url, body in (
+        ("GET", "/api/inbox/conversations", None),
+        ("GET", path, None),
+        ("PUT", f"{path}/mode", {"bot_mode": "human"}),
+        ("POST", f"{path}/messages", {"text": "I only signed up."}),
+    ):
+        refused = await api.http.request(method, url, json=body, headers=member)
+        assert refused.status_code == 403 and refused.json()["code"] == "not_inbox_staff", (method, url)
+    detail = await api.http.get(path, headers=api.staff(api.tenant))
+    assert [m["author"] for m in detail.json()["messages"]] == ["contact"]
+    assert detail.json()["conversation"]["bot_mode"] == "bot"
+
+
+async def test_a_message_id_delivered_again_on_another_thread_stores_nothing_new(
+    api: Api, inbox: PostgresInbox, inbox_database: InboxDatabase
+) -> None:
+    headers = {"Authorization": f"Bearer {api.channel.secret}"}
+    url = "/api/inbox/channels/chat/messages"
+    first = {"contact": {"id": "ada"}, "message": {"id": "wa-7", "text": "Refund order 12"}}
+    again = first | {"thread_id": "another-thread"}
+    stranger = {"contact": {"id": "eve"}, "message": {"id": "wa-7", "text": "Refund order 99"}}
+    stored = await api.http.post(url, json=first, headers=headers)
+    replays = [await api.http.post(url, json=body, headers=headers) for body in (again, stranger)]
+    assert stored.status_code == 200 and stored.json()["duplicate"] is False
+    for replay in replays:
+        assert replay.status_code == 200 and replay.json() == stored.json() | {"duplicate": True}
+    # One contact, one conversation, one message: nothing of the other threads was written.
+    assert _stored(inbox_database, api.tenant) == (1, 1, 1)
+    # The same id on another channel of the tenant is another message.
+    other = InboxChannel(name="sms", tenant_id=api.tenant, secret=f"sms-secret-{api.tenant}")
+    elsewhere = await inbox.record_inbound(
+        other, thread_id="ada", contact_id="ada", text="Hi", external_id="wa-7"
+    )
+    assert elsewhere.duplicate is False
 
 
 async def test_bad_webhook_input_is_a_400_that_stores_nothing(

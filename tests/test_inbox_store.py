@@ -12,6 +12,7 @@ import pytest
 
 from bastion.inbox import ContactPrincipal, InboundMessage, PostgresInbox, ThreadConflictError
 from bastion.stores import NotFoundError
+from tests.hooks_db import as_user
 from tests.inbox_db import InboxDatabase, as_contact, channel_of, new_tenant, staff_of
 
 
@@ -66,6 +67,29 @@ async def test_staff_see_only_their_tenants_inbox(inbox: PostgresInbox) -> None:
         with pytest.raises(NotFoundError):
             await inbox.reply_as_staff(outsider, mine.conversation_id, "Hi from elsewhere")
     assert (await inbox.get_conversation(staff_of(tenant), mine.conversation_id)).bot_mode == "bot"
+
+
+async def test_a_user_of_the_tenant_whose_token_names_no_staff_role_sees_no_inbox(
+    inbox: PostgresInbox, inbox_database: InboxDatabase
+) -> None:
+    tenant = new_tenant()
+    mine = await _inbound(inbox, tenant)
+    member = staff_of(tenant, named=False)
+    assert await inbox.list_conversations(member) == []
+    with pytest.raises(NotFoundError):
+        await inbox.list_messages(member, mine.conversation_id)
+    with pytest.raises(NotFoundError):
+        await inbox.reply_as_staff(member, mine.conversation_id, "I only signed up")
+    # Nor through the Data API, table by table, as `authenticated` with that user's token.
+    for table in ("inbox_contacts", "inbox_conversations", "inbox_messages"):
+        assert await as_user(inbox_database.direct_dsn, member, f"select * from bastion.{table}") == []
+        assert await as_user(inbox_database.direct_dsn, staff_of(tenant), f"select * from bastion.{table}")
+    updated = await as_user(
+        inbox_database.direct_dsn,
+        member,
+        "update bastion.inbox_conversations set bot_mode = 'human' returning id",
+    )
+    assert updated == []
 
 
 async def test_a_contact_reads_only_its_own_conversation(inbox: PostgresInbox) -> None:

@@ -17,11 +17,20 @@ from typing import Any, Final
 SYSTEMS: Final[dict[str, str]] = {
     "bastion": "bench.systems.bastion",
     "bastion-chat-routes": "bench.systems.bastion_chat_routes",
+    "bastion-durable": "bench.systems.bastion_chat_routes_durable",
     "bastion-nopersist": "bench.systems.bastion_nopersist",
+    "assistant": "bench.systems.assistant",
     "pydantic-ai-adapter": "bench.systems.pydantic_ai_adapter",
     "langgraph-pg": "bench.systems.langgraph_pg",
     "agents-sdk-pg": "bench.systems.agents_sdk_pg",
+    "agents-sdk-dbos": "bench.systems.agents_sdk_dbos",
+    "pydantic-ai-dbos": "bench.systems.pydantic_ai_dbos",
     "limit": "bench.systems.limit",
+}
+
+# Variants that isolate one cost, loadable by name (`--systems`) but not measured by default.
+DIAGNOSTIC: Final[dict[str, str]] = {
+    "bastion-chat-routes-nolog": "bench.systems.bastion_chat_routes_nolog",
 }
 
 _REQUIRED: Final = ("ROLE", "NEEDS_POSTGRES", "create_app", "build_request", "verify_stream")
@@ -46,9 +55,10 @@ class ClientConfig:
 
 def load_system(name: str) -> ModuleType:
     """The module of system `name`, checked to expose the whole interface."""
-    if name not in SYSTEMS:
-        raise ValueError(f"Unknown system {name!r}; known: {', '.join(SYSTEMS)}.")
-    module = importlib.import_module(SYSTEMS[name])
+    known = {**SYSTEMS, **DIAGNOSTIC}
+    if name not in known:
+        raise ValueError(f"Unknown system {name!r}; known: {', '.join(known)}.")
+    module = importlib.import_module(known[name])
     missing = [attribute for attribute in _REQUIRED if not hasattr(module, attribute)]
     if missing or module.ROLE not in ROLES:
         raise TypeError(f"System {name} is incomplete: missing {missing or ['a valid ROLE']}.")

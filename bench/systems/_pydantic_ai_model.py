@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
@@ -11,7 +12,9 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls
 from bench.script import TOOL_ARGS, TOOL_NAME, requested_words, tool_call_id, word
 
 
-async def _script(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
+async def _script(
+    messages: list[ModelMessage], info: AgentInfo, *, tool_name: str = TOOL_NAME, tool_args: Any = None
+) -> AsyncIterator[str | DeltaToolCalls]:
     prompts = [
         part.content
         for message in messages
@@ -24,11 +27,18 @@ async def _script(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterato
         for index in range(requested_words(prompts[-1])):
             yield word(index)
         return
-    call = DeltaToolCall(
-        name=TOOL_NAME, json_args=json.dumps(TOOL_ARGS), tool_call_id=tool_call_id(len(prompts))
-    )
+    arguments = json.dumps(TOOL_ARGS if tool_args is None else tool_args)
+    call = DeltaToolCall(name=tool_name, json_args=arguments, tool_call_id=tool_call_id(len(prompts)))
     yield {0: call}
 
 
-def scripted_model() -> FunctionModel:
-    return FunctionModel(stream_function=_script)
+def scripted_model(*, tool_name: str = TOOL_NAME, tool_args: dict[str, Any] | None = None) -> FunctionModel:
+    """The script; `tool_name` and `tool_args` name another tool for an agent that has no `lookup`."""
+    if tool_name == TOOL_NAME and tool_args is None:
+        return FunctionModel(stream_function=_script)
+
+    async def script(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
+        async for item in _script(messages, info, tool_name=tool_name, tool_args=tool_args):
+            yield item
+
+    return FunctionModel(stream_function=script)

@@ -48,7 +48,15 @@ from bastion.stores import (
 )
 from bastion.worker import RequestContext, Route, create_agent_worker
 from bench.client import HttpRequest, HttpResponse
-from bench.protocol import CHAT_PATH, VerifiedTurn, chat_request, sse_events, verify_turn
+from bench.protocol import (
+    CHAT_PATH,
+    LOOKUP,
+    ExpectedTool,
+    VerifiedTurn,
+    chat_request,
+    sse_events,
+    verify_turn,
+)
 from bench.script import lookup_result
 from bench.systems import ClientConfig, ServerConfig
 from bench.systems._pydantic_ai_model import scripted_model
@@ -181,17 +189,21 @@ def build_request(chat_id: str, messages: list[dict[str, Any]], client: ClientCo
     return chat_request(chat_id, messages, headers={"authorization": f"Bearer {client.bearer_token}"})
 
 
-def verify_stream(response: HttpResponse, *, words: int) -> VerifiedTurn:
+def verify_stream(response: HttpResponse, *, words: int, tool: ExpectedTool = LOOKUP) -> VerifiedTurn:
     """The shared verification, then the assistant message as the AI SDK client assembles it."""
-    verified = verify_turn(response, words=words)
+    verified = verify_turn(response, words=words, tool=tool)
     return VerifiedTurn(message=assembled_message(response.body), deltas=verified.deltas)
 
 
 def assembled_message(body: bytes) -> dict[str, Any]:
-    """The assistant message `useChat` holds after reading this (already verified) event stream."""
+    """The assistant message `useChat` holds after reading this (already verified) event stream,
+    with the metadata the `start` and `finish` chunks carry merged in, as the client merges it."""
     chunks = [json.loads(event) for event in sse_events(body)[:-1]]
     assembler = UIMessageAssembler({"id": chunks[0]["messageId"], "role": "assistant", "parts": []})
+    assembler.apply_metadata(chunks[0].get("messageMetadata"))
     for chunk in chunks[1:]:
-        if chunk["type"] not in ("finish", "abort", "error"):
+        if chunk["type"] == "finish":
+            assembler.apply_metadata(chunk.get("messageMetadata"))
+        elif chunk["type"] not in ("abort", "error"):
             assembler.apply(chunk)
     return assembler.assembled_message()

@@ -11,7 +11,7 @@ from bastion._turn_plan import ExecuteToolHook
 from bastion._ui_assembly import InvalidUIMessageChunkError, assemble_ui_messages
 from bastion.agent import Agent, AgentSession, AgentSessionClosedError, AgentTools, define_agent
 from bastion.approvals import AgentApprovalAuthorizationError, ApprovalDecision
-from bastion.errors import BastionError, ToolError
+from bastion.errors import BastionError, DatabaseUnavailableError, ToolError
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.persistence import (
     AgentPersistence,
@@ -62,6 +62,7 @@ __all__ = [
     "ApprovalDecision",
     "BastionError",
     "CallOrigin",
+    "DatabaseUnavailableError",
     "DuplicateToolNameError",
     "ExecuteToolHook",
     "InvalidUIMessageChunkError",

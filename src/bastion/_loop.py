@@ -30,6 +30,7 @@ from pydantic_ai.messages import (
     PartDeltaEvent,
     PartEndEvent,
     PartStartEvent,
+    RetryPromptPart,
     TextPart,
     TextPartDelta,
     ThinkingPart,
@@ -103,6 +104,7 @@ class AgentStreamResult:
         self.finish_reason: str | None = None
         self.cancelled = False
         self.messages: list[ModelMessage] = plan.history.messages
+        self._turn_starts_at = len(self.messages)  # what this turn adds comes after
         # Token usage of the whole turn and of each model request, in order.
         self.usage = TokenUsage()
         self.request_usage: list[TokenUsage] = []
@@ -324,6 +326,20 @@ class AgentStreamResult:
             return chunks
         return []
 
+    def _has_tool_results(self) -> bool:
+        """Whether a tool's result came in during this turn, other than of the tools that wait for the
+        user after one (their outputs are the server's): content someone else may have written."""
+        for message in self.messages[self._turn_starts_at :]:
+            if not isinstance(message, ModelRequest):
+                continue
+            for part in message.parts:
+                if not isinstance(part, ToolReturnPart | RetryPromptPart) or part.tool_name is None:
+                    continue
+                item = self._plan.tools.get(part.tool_name)
+                if item is None or not item.approval_after_tool_results:
+                    return True
+        return False
+
     def _approval_id(self, step: int, index: int) -> str:
         """A new approval's id: random, or derived from the turn and the call's place in a durable one."""
         if self._steps is None:
@@ -372,7 +388,8 @@ class AgentStreamResult:
                 available["dynamic"] = True
             yield available
             call = ToolCall(tool_name=part.tool_name, input=raw_input, tool_call_id=part.tool_call_id)
-            if await tool_requires_approval(item, call):
+            after_results = item.approval_after_tool_results and self._has_tool_results()
+            if after_results or await tool_requires_approval(item, call):
                 self._trace_unrun(call, approval="requested", outcome="paused")
                 yield {
                     "type": "tool-approval-request",

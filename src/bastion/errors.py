@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-__all__ = ["BastionError", "ToolError"]
+__all__ = ["BastionError", "DatabaseUnavailableError", "ToolError"]
 
 
 class BastionError(Exception):
@@ -30,6 +30,23 @@ class BastionError(Exception):
     def headers(self) -> Mapping[str, str]:
         """HTTP headers the answer carries (`Retry-After` for a busy conversation); none by default."""
         return {}
+
+
+class DatabaseUnavailableError(BastionError):
+    """The database cannot be reached right now (restarting, failing over, out of connections): the
+    worker answers any connection-level database error with this, never a 500, until the pools have
+    healthy connections again."""
+
+    code: ClassVar[str] = "database_unavailable"
+    status: ClassVar[int] = 503
+    retry_after: ClassVar[int] = 2
+
+    def __init__(self) -> None:
+        super().__init__("The service is briefly unavailable. Try again in a few seconds.")
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return {"Retry-After": str(self.retry_after)}
 
 
 class ToolError(Exception):

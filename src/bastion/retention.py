@@ -18,7 +18,6 @@ commands (`bastion hooks prune`, `prune_finished_turns`, `prune_outbox`) stay fo
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 from dbos import DBOS
 
 from bastion.chat.durable_turns import prune_finished_turns
+from bastion.durable._ready import registered
 from bastion.hooks import PostgresHookOutbox, Pruned, prune_deliveries, prune_outbox
 from bastion.inbox.replies import REPLY_WORKFLOW
 
@@ -40,8 +40,6 @@ __all__ = ["Retention", "RetentionPolicy", "RetentionReport"]
 logger = logging.getLogger("bastion.retention")
 
 SCHEDULE_NAME: Final = "bastion.retention"
-# A scheduled run that lands in a process whose retention has not started yet waits this long for it.
-_READY_WAIT_SECONDS: Final = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,12 +145,9 @@ _running: Retention | None = None
 
 @DBOS.workflow(name=SCHEDULE_NAME)
 async def _scheduled_retention(scheduled_at: datetime, context: Any) -> None:
-    deadline = asyncio.get_running_loop().time() + _READY_WAIT_SECONDS
-    while _running is None:
-        if asyncio.get_running_loop().time() >= deadline:
-            logger.warning("Retention of %s skipped: this process runs no retention.", scheduled_at)
-            return
-        await asyncio.sleep(0.5)
+    if await registered(lambda: _running) is None:
+        logger.warning("Retention of %s skipped: this process runs no retention.", scheduled_at)
+        return
     report = await _run_step()
     logger.info("Retention of %s: %s", scheduled_at, report)
 

@@ -126,7 +126,9 @@ class Tool:
     executor has returned, and a denial it gives replaces what the model is told about the result.
     `idempotent` declares that running the call again under the same `ToolCall.operation_key` has no
     further effect, so an operation whose outcome is uncertain (its process died, or it raised) runs
-    again instead of being refused.
+    again instead of being refused. `approval_after_tool_results` makes a call wait for the user's
+    approval whenever the model has a tool's result in its context (a tool's or an MCP server's output
+    may carry instructions someone else wrote): for writes that outlive the turn, such as memories.
     """
 
     name: str
@@ -143,6 +145,7 @@ class Tool:
     error_format: Callable[[str, ToolCall], str] | None = None
     idempotent: bool = False
     recheck_before_model: Callable[[ToolCall], Awaitable[ToolDenial | None]] | None = None
+    approval_after_tool_results: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _TOOL_NAME.fullmatch(self.name):

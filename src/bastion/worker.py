@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -37,7 +38,7 @@ from bastion.auth import (
     TokenVerifier,
     bearer_token,
 )
-from bastion.errors import BastionError
+from bastion.errors import BastionError, DatabaseUnavailableError
 from bastion.request_log import RequestLogMiddleware, access_log_enabled
 from bastion.versioning import DEFAULT_VERSIONING, ApiVersionHeader, ApiVersioning
 
@@ -419,6 +420,11 @@ def _failure(request: Request, exc: Exception) -> RequestFailure:
     if isinstance(exc, KeySetUnavailableError):
         logger.error("Signing keys unavailable for %s %s.", request.method, request.url.path)
         return RequestFailure(status=503, code=exc.code, message=exc.message, exception=exc)
+    if _database_unreachable(exc):
+        logger.warning(
+            "The database could not be reached for %s %s: %s", request.method, request.url.path, exc
+        )
+        exc = DatabaseUnavailableError()
     if isinstance(exc, BastionError):
         return RequestFailure(
             status=exc.status,
@@ -441,6 +447,18 @@ def _failure(request: Request, exc: Exception) -> RequestFailure:
         )
     logger.error("Unhandled error in %s %s.", request.method, request.url.path, exc_info=exc)
     return _internal(exc)
+
+
+def _database_unreachable(exc: BaseException) -> bool:
+    """A database connection that failed, broke or could not be had from the pool (psycopg's
+    `OperationalError`, a pool timeout among them), raised or chained as a cause."""
+    psycopg = sys.modules.get("psycopg")  # only loaded when an application uses Postgres
+    cause: BaseException | None = exc
+    while psycopg is not None and cause is not None:
+        if isinstance(cause, psycopg.OperationalError):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def status_error_code(status: int) -> str:

@@ -114,7 +114,7 @@ def _recalled_answer(text: str, messages: list[ModelMessage]) -> str | None:
     if not re.search(r"\bwhat(?: is|'s) my name\b", text, flags=re.IGNORECASE):
         return None
     recall = _latest_recall(messages)
-    found = re.search(r"The user's name is ([^.\n]+)", recall)
+    found = re.search(r"The user's name is ([^.\"\n]+)", recall)
     if found is None:
         return f"I don't know your name yet. Tell me “my name is …” and I will remember it. ({DEMO_NOTICE})"
     return f"Your name is {found.group(1)}: I remembered it from an earlier conversation. ({DEMO_NOTICE})"

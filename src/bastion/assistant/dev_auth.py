@@ -95,7 +95,8 @@ class DevelopmentSignIn:
             "amr": [{"method": "development", "timestamp": now}],
             "session_id": str(uuid.uuid4()),
             "is_anonymous": False,
-            "app_metadata": {"provider": "development"},
+            # Development users staff the inbox, so the first session shows it (`INBOX_STAFF_ROLE`).
+            "app_metadata": {"provider": "development", "roles": ["inbox_staff"]},
             "user_metadata": {"name": user_name},
         }
         return jwt.encode(claims, self._key, algorithm="ES256", headers={"kid": self.kid})
@@ -144,7 +145,11 @@ class DevelopmentSignIn:
             "aud": "authenticated",
             "role": "authenticated",
             "email": f"{user_name.lower()}@localhost",
-            "app_metadata": {"provider": "development", "providers": ["development"]},
+            "app_metadata": {
+                "provider": "development",
+                "providers": ["development"],
+                "roles": ["inbox_staff"],
+            },
             "user_metadata": {"name": user_name},
             "identities": [],
             "is_anonymous": False,

@@ -140,10 +140,11 @@ async def running_assistant(
                     **inbox_settings(config),
                     durable=engine if config.durable else None,
                 )
+                # The inbox's jobs first: DBOS may already be handing this process recovered ones.
+                await app.inbox_replies.start(engine)
                 purged = await app.memory_store.purge()
                 if purged:
                     progress(f"Purged {purged} expired memory operation records.")
-                await app.inbox_replies.start(engine)
                 retention = Retention(
                     store,
                     conninfo=database.app_conninfo,

@@ -1,8 +1,10 @@
 """The assistant's support inbox: its bot (an agent acting as the contact), who staffs it, and its tokens.
 
-The assistant is a single-tenant application: its inbox belongs to `INBOX_TENANT`, and every signed-in,
-non-anonymous user without a tenant of their own staffs it (a user with a tenant staffs that tenant's
-inbox). With development sign-in anyone on this machine may open a widget conversation at `/widget`.
+The assistant is a single-tenant application: its inbox belongs to `INBOX_TENANT`. Staff are named:
+a signed-in user whose token's `app_metadata.roles` holds `inbox_staff` staffs it (or, with a tenant of
+their own, that tenant's inbox); any other user is refused. Development sign-in names every development
+user staff, so the first session on this machine shows the inbox. With development sign-in anyone on
+this machine may open a widget conversation at `/widget`.
 
 `BASTION_INBOX_SECRET` turns on a channel adapter's webhook (`/v1/inbox/channels/webhook/messages`,
 with that bearer secret). `BASTION_INBOX_TOKEN_SECRET` signs contact tokens; without it each process
@@ -16,7 +18,7 @@ from typing import Any, Final
 from bastion import Agent, define_agent
 from bastion.assistant.config import AssistantConfig
 from bastion.auth import Principal
-from bastion.inbox import InboxChannel, InboxChannels, InboxTurn, handoff_to_human
+from bastion.inbox import InboxChannel, InboxChannels, InboxTurn, handoff_to_human, is_inbox_staff
 from bastion.stores import StoreIdentity
 
 __all__ = ["INBOX_CHANNEL", "INBOX_TENANT", "inbox_settings", "inbox_staff", "support_agent"]
@@ -40,9 +42,9 @@ def support_agent() -> Agent[InboxTurn]:
 
 
 def inbox_staff(principal: Principal) -> StoreIdentity | None:
-    """The identity a user staffs the inbox as: in their own tenant, else the assistant's; anonymous
-    users staff nothing."""
-    if principal.is_anonymous:
+    """The identity a user named staff (`INBOX_STAFF_ROLE`) staffs the inbox as: in their own tenant,
+    else the assistant's; any other user staffs nothing."""
+    if not is_inbox_staff(principal):
         return None
     identity = StoreIdentity.from_principal(principal)
     if identity.tenant_id is None:

@@ -22,6 +22,8 @@ try:
 except ImportError as error:
     raise missing_extra("bastion.durable", "durable", error) from error
 
+from bastion.durable._ready import registered
+
 __all__ = [
     "TURN_WORKFLOWS",
     "WORKFLOW_NAME",
@@ -33,7 +35,6 @@ __all__ = [
 ]
 
 WORKFLOW_NAME: Final = "bastion.turn"
-_TAKE_OVER_WAIT_SECONDS: Final = 10.0
 
 
 class DurableTurnError(RuntimeError):
@@ -89,11 +90,7 @@ class TurnWorkflows:
 
     async def _take_over(self, name: str) -> TurnTakeOver | None:
         """The named endpoint; a workflow handed to this process while it starts waits for its routes."""
-        for _ in range(int(_TAKE_OVER_WAIT_SECONDS / 0.05)):
-            if name in self._take_overs:
-                return self._take_overs[name]
-            await asyncio.sleep(0.05)
-        return self._take_overs.get(name)
+        return await registered(lambda: self._take_overs.get(name))
 
 
 # The one registry DBOS forces (see the module's docstring).

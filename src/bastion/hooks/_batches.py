@@ -1,7 +1,8 @@
 """The workflows and steps DBOS runs to deliver hooks' events, and the names they go by.
 
 They reach this process's `HookDelivery` (which starts them) through `activate`: DBOS calls them by
-name, with their recorded inputs only. Workflows of earlier versions stay registered under their
+name, with their recorded inputs only, and one recovered before its process activated delivery
+waits for it. Workflows of earlier versions stay registered under their
 names (`bastion.hooks.deliver_batch`, `bastion.hooks.deliver`), so those in flight across an upgrade
 finish; see `bastion.hooks.delivery` for the whole design.
 """
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Final, ParamSpec, TypeAlias, TypeVar
 
 import psycopg
 from dbos import DBOS, SetEnqueueOptions, SetWorkflowID
+
+from bastion.durable._ready import REGISTRATION_WAIT_SECONDS, registered
 
 if TYPE_CHECKING:
     from bastion.hooks.delivery import HookDelivery
@@ -69,10 +72,15 @@ def delivery_workflow_id(hook: str, first_event_id: int, last_event_id: int, gen
     return base if generation == 0 else f"{base}:r{generation}"
 
 
-def _delivery() -> HookDelivery:
-    if _active is None:
-        raise RuntimeError("No hook delivery runs in this process.")
-    return _active
+async def _delivery() -> HookDelivery:
+    """This process's delivery, waiting for it while the process starts (`bastion.durable._ready`)."""
+    delivery = await registered(lambda: _active)
+    if delivery is None:
+        raise RuntimeError(
+            f"No hook delivery started in this process within {REGISTRATION_WAIT_SECONDS:.0f} s: "
+            "start HookDelivery in every process that launches the durable engine."
+        )
+    return delivery
 
 
 Batch: TypeAlias = list[tuple[str, list[int]]]
@@ -85,24 +93,24 @@ async def _attempt_batch(hook: str, batch: Batch, generation: int) -> Aside:
     """The previous version's batch step: call the hook with each conversation's events in order;
     returns the conversations set aside, each with its events not yet delivered and how many times
     the first was tried."""
-    return await _delivery().attempt_batch(hook, batch, generation)
+    return await (await _delivery()).attempt_batch(hook, batch, generation)
 
 
 @DBOS.step(name="bastion.hooks.hold")
 async def _hold(hook: str, deliveries: list[tuple[str, str]]) -> None:
-    await _delivery().outbox.hold(hook, deliveries)
+    await (await _delivery()).outbox.hold(hook, deliveries)
 
 
 @DBOS.step(name="bastion.hooks.release")
 async def _release(hook: str, conversation: str, workflow_id: str) -> None:
-    await _delivery().outbox.release(hook, conversation, workflow_id)
+    await (await _delivery()).outbox.release(hook, conversation, workflow_id)
 
 
 @DBOS.step(name="bastion.hooks.attempt")
 async def _attempt(hook: str, event_ids: list[int], generation: int, attempt: int) -> tuple[int, str | None]:
     """Call the hook with each event in order until one fails (the first on its `attempt`th try, the
     others on their first); returns how many succeeded and the error of the one that failed."""
-    delivery = _delivery()
+    delivery = await _delivery()
     return await delivery.attempt(hook, event_ids, generation, attempt)
 
 
@@ -111,7 +119,7 @@ async def _set_aside(hook: str, batch_workflow_id: str, aside: Aside) -> Aside:
     """Hold the conversations set aside for the batch's lanes; returns them as recorded, so a batch
     run again after a crash enqueues the lanes its first run enqueued."""
     lanes = [(conversation, _lane(batch_workflow_id, conversation)) for conversation, _, _ in aside]
-    await _delivery().outbox.hold(hook, lanes)
+    await (await _delivery()).outbox.hold(hook, lanes)
     return aside
 
 
@@ -146,7 +154,7 @@ async def deliver_events(hook: str, batch: Batch, generation: int) -> int:
     When the outbox cannot be reached (a transient database error, not the hook's), every
     conversation of the batch is set aside: its lane retries until the outbox answers."""
     try:
-        aside = await _delivery().attempt_batch(hook, batch, generation)
+        aside = await (await _delivery()).attempt_batch(hook, batch, generation)
     except psycopg.OperationalError:
         logger.warning("Hook %s's batch could not reach the outbox; setting it aside.", hook, exc_info=True)
         aside = [(conversation, event_ids, 0) for conversation, event_ids in batch]
@@ -186,7 +194,7 @@ async def _deliver_aside(
 ) -> int:
     """Deliver one conversation's events set aside to `hook` in order (the first tried `tried` times
     already), then release the conversation's hold; returns how many were given up."""
-    policy = _delivery().hook(hook).retry
+    policy = (await _delivery()).hook(hook).retry
     if tried:
         await DBOS.sleep_async(policy.delay(tried))
     given_up = await _deliver_in_order(hook, event_ids, generation, tried + 1)
@@ -204,7 +212,7 @@ async def _deliver(hook: str, event_ids: list[int], generation: int) -> int:
 async def _deliver_in_order(hook: str, event_ids: list[int], generation: int, attempt: int) -> int:
     """Deliver events in order, the first on its `attempt`th try, a failing one retried by the hook's
     policy before the next; returns how many were given up."""
-    policy = _delivery().hook(hook).retry
+    policy = (await _delivery()).hook(hook).retry
     remaining, given_up = list(event_ids), 0
     while remaining:
         done, error = await _until_reached(_attempt, hook, remaining, generation, attempt)

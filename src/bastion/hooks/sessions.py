@@ -10,6 +10,11 @@ search or analytics read them like any other chat (seed 004, "Sessions in the ch
 | `message.deleted`                 | the chat's leaf moves back (the old branch stays in the tree)    |
 | `run.completed`/`failed`/…        | the run's status, usage and end; its message's status            |
 
+A conversation's rows belong to it: deleting the conversation deletes them (and its outbox events)
+in the same transaction, and a write applies only while its conversation exists and is owned by the
+event's owner and tenant (chat-table migration 0005), so a late event of a deleted conversation writes
+nothing and an id used again by another user never reaches the first owner's rows.
+
 Every write is keyed by its event (each row keeps the id of the event that wrote it last and takes
 only newer ones), so a redelivered event stores nothing new — a `run.started` delivered again after
 the run finished opens no second run and leaves its status alone. Conversations of anonymous users

@@ -6,7 +6,8 @@
 - `InboxChannel` / `InboxChannels`: channel adapters and the secret each proves itself with.
 - `InboxReplies`: the bot's replies as durable jobs (DBOS), the agent running as the contact
   (`InboxTurn`), with `handoff_to_human` and `user_only_policy`.
-- `inbox_routes`: the adapters' webhook, the widget's routes and the staff's.
+- `inbox_routes`: the adapters' webhook, the widget's routes and the staff's; staff are the users whose
+  token names them (`INBOX_STAFF_ROLE` in `app_metadata.roles`, `inbox_staff_identity`).
 
 The inbox needs Postgres (`bastion[postgres]`).
 """
@@ -30,12 +31,14 @@ from bastion.inbox.errors import (
 from bastion.inbox.principal import CONTACT_ROLE, ContactPrincipal
 from bastion.inbox.replies import REPLY_QUEUE, REPLY_WORKFLOW, InboxReplies, JobOutcome, reply_job_id
 from bastion.inbox.routes import inbox_routes
+from bastion.inbox.staff import INBOX_STAFF_ROLE, inbox_staff_identity, is_inbox_staff
 from bastion.inbox.store import PostgresInbox, ReplyJob, ReplyRouter, apply_inbox_migrations
 from bastion.inbox.tokens import ContactTokens
 from bastion.inbox.turns import InboxTurn, answer_as_contact, handoff_to_human, user_only_policy
 
 __all__ = [
     "CONTACT_ROLE",
+    "INBOX_STAFF_ROLE",
     "REPLY_QUEUE",
     "REPLY_WORKFLOW",
     "Author",
@@ -63,6 +66,8 @@ __all__ = [
     "apply_inbox_migrations",
     "handoff_to_human",
     "inbox_routes",
+    "inbox_staff_identity",
+    "is_inbox_staff",
     "reply_job_id",
     "user_only_policy",
 ]

@@ -29,6 +29,7 @@ from bastion.inbox.channels import InboxChannels
 from bastion.inbox.entities import InboxConversation, InboxMessage
 from bastion.inbox.errors import ChannelUnauthorizedError, ContactTokenError, NotInboxStaffError
 from bastion.inbox.principal import ContactPrincipal
+from bastion.inbox.staff import inbox_staff_identity
 from bastion.inbox.store import MAX_MESSAGE_LENGTH, PostgresInbox
 from bastion.inbox.tokens import ContactTokens
 from bastion.stores import NotFoundError, StoreIdentity
@@ -168,13 +169,14 @@ def inbox_routes(
     channels: InboxChannels,
     tokens: ContactTokens,
     widget_tenant: str | None = None,
-    staff: Callable[[Principal], StoreIdentity | None] = StoreIdentity.from_principal,
+    staff: Callable[[Principal], StoreIdentity | None] = inbox_staff_identity,
     prefix: str = "/api/inbox",
 ) -> list[Route]:
     """The inbox's routes (see the module). `widget_tenant` lets anyone open a widget conversation in
     that tenant; leave it None when the application issues contact tokens itself (`ContactTokens`).
-    `staff(principal)` is the identity a signed-in user staffs the inbox as (by default their own,
-    in their token's tenant); None refuses them (403)."""
+    `staff(principal)` is the identity a signed-in user staffs the inbox as (by default their own, in
+    their token's tenant, when the token names them staff: `inbox_staff_identity`); None refuses them
+    (403)."""
 
     def _staff(context: RequestContext) -> StoreIdentity:
         identity = staff(context.require_principal())

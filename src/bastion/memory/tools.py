@@ -1,4 +1,6 @@
 """The `remember` and `forget` tools: ordinary tools, so policies, approvals and claims apply as to any.
+`remember` also waits for the user's approval in a turn where a tool's result came in, so content a tool
+or an MCP server returned cannot store itself as a memory recalled into later turns.
 
 They act for the turn's verified caller only (the identity is closed over, never an argument), and
 return ids, so the model can forget what it remembered.
@@ -6,6 +8,7 @@ return ids, so the model can forget what it remembered.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from bastion.errors import ToolError
@@ -52,4 +55,6 @@ def memory_tools(
             raise ToolError("There is no memory with that id.") from None
         return {"forgotten": memory_id}
 
-    return [remember, forget]
+    # A memory outlives the turn and is recalled into later ones: after a tool's result came in (which
+    # may carry someone else's instructions), the user approves what is stored.
+    return [replace(remember, approval_after_tool_results=True), forget]

@@ -42,6 +42,7 @@ from bastion.stores._migrations import apply_migrations
 from bastion.stores._postgres_connection import (
     Connection,
     Pool,
+    PoolCheck,
     caller_transaction,
     database_errors,
     single_value,
@@ -136,11 +137,16 @@ class PostgresStore:
         prepare_threshold: int | None = 5,
         min_size: int = 1,
         max_size: int = 10,
+        pool_timeout: float = 30.0,
         claim_cache_size: int = 256,
         claim_cache_bytes: int = DEFAULT_MAX_BYTES,
         schema: ConversationSchema[Any] | None = None,
     ) -> PostgresStore:
-        """A store over a connection string (opening its own pool) or an existing pool."""
+        """A store over a connection string (opening its own pool) or an existing pool.
+
+        Its own pool checks each connection before handing it out, so one the server closed is replaced,
+        and a call waits up to `pool_timeout` seconds for one: while the database cannot be reached,
+        requests then answer 503 with `Retry-After` (`DatabaseUnavailableError`)."""
         if not isinstance(conninfo, str):
             return cls(
                 conninfo,
@@ -149,13 +155,18 @@ class PostgresStore:
                 claim_cache_bytes=claim_cache_bytes,
                 schema=schema,
             )
+        # A connection the server closed (a restart, a failover) is replaced before a call gets it.
+        check = PoolCheck()
         pool: Pool = AsyncConnectionPool(
             conninfo,
             min_size=min_size,
             max_size=max_size,
             kwargs={"autocommit": True, "prepare_threshold": prepare_threshold},
+            check=check,
+            timeout=pool_timeout,
             open=False,
         )
+        check.pool = pool
         store = cls(
             pool,
             admin_conninfo=admin_conninfo,

@@ -1,0 +1,217 @@
+"""The stages a streamed text delta passes in a bastion turn, in CPU µs per delta, in one process.
+
+1. model event → UI chunk: bastion's loop over the scripted pydantic-ai `FunctionModel` (the model's
+   own generator included), from (CPU of a 200-word turn − CPU of a 20-word turn) / 180, watching a
+   cancel event as both routes do (the request's, or the stop signal's), and without one;
+2. wire JSON: `to_client_json(chunk)` (the bytes the client gets and the parsed chunk);
+3. assembly: `UIMessageAssembler.apply(parsed)` (validation, then the saved message's text);
+4. log: `ChunkLog.add(parsed)`, then the log's write serializing its batches as psycopg's `Jsonb`
+   does (`json.dumps` of the batch), at the batch sizes `--batches` gives (no database round trip);
+5. SSE bytes: the event's framing, `_EventChannel.send` and the join of a write's batch.
+
+Stages 2–5 run over the 200 text-delta chunks of a real turn, each stage alone, many times; medians.
+The hand-wired route pays 1, 2, 3 and 5; `chat_routes` adds 4.
+
+    bench/.venv/bin/python -m bench.delta_stages [--turns 30] [--batches 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bastion._ui_assembly import UIMessageAssembler, to_client_json
+from bastion.auth import Principal
+from bastion.chat.stream_response import _EventChannel
+from bastion.stores.live import ChunkBatch, ChunkLog
+from bench.protocol import user_message
+from bench.systems._pydantic_ai_model import scripted_model
+from bench.systems.bastion import bench_agent
+
+WORDS = 200
+SHORT = 20
+
+
+def _principal() -> Principal:
+    return Principal(
+        id="7f1c1c4e-1b0a-4f39-9d38-6a1c2b7e9a01",
+        role="authenticated",
+        email=None,
+        is_anonymous=False,
+        aal=None,
+        session_id=None,
+        tenant_id=None,
+        roles=(),
+        claims={},
+    )
+
+
+async def _turn_chunks(
+    agent: Any, model: Any, words: int, *, cancel: asyncio.Event | None = None
+) -> tuple[list[dict[str, Any]], int]:
+    """The loop's chunks of one turn and the CPU ns it took to produce them; with `cancel`, the loop
+    watches that event as both routes make it (the request's or the stop signal's)."""
+    session = await agent.prepare(context=_principal(), cancel=cancel)
+    started = time.thread_time_ns()
+    result = await session.stream(model=model, messages=[user_message(words)])
+    chunks = [chunk async for chunk in result]
+    spent = time.thread_time_ns() - started
+    await session.close()
+    return chunks, spent
+
+
+async def _model_stream_ns(model: Any, words: int) -> int:
+    """CPU ns of pydantic-ai's stream of the script's text reply alone (`direct.model_request_stream`)."""
+    from pydantic_ai.direct import model_request_stream
+    from pydantic_ai.messages import (
+        ModelRequest,
+        ModelResponse,
+        ToolCallPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+
+    prompt = user_message(words)["parts"][0]["text"]
+    messages = [
+        ModelRequest(parts=[UserPromptPart(prompt)]),
+        ModelResponse(parts=[ToolCallPart("lookup", {"key": "alpha"}, tool_call_id="call-1")]),
+        ModelRequest(parts=[ToolReturnPart("lookup", {"found": True}, tool_call_id="call-1")]),
+    ]
+    started = time.thread_time_ns()
+    async with model_request_stream(model, messages) as response:
+        async for _ in response:
+            pass
+    return time.thread_time_ns() - started
+
+
+def _per_delta(run: Callable[[], None], deltas: int, repeat: int) -> float:
+    """Median CPU µs per delta of `run()` (which handles `deltas` deltas)."""
+    samples = []
+    for _ in range(repeat):
+        started = time.thread_time_ns()
+        run()
+        samples.append((time.thread_time_ns() - started) / 1000 / deltas)
+    return statistics.median(samples)
+
+
+async def measure(turns: int, batches: int) -> list[str]:
+    agent, model = bench_agent(), scripted_model()
+    for _ in range(5):  # warm-up
+        await _turn_chunks(agent, model, WORDS)
+    full = [await _turn_chunks(agent, model, WORDS) for _ in range(turns)]
+    short = [await _turn_chunks(agent, model, SHORT) for _ in range(turns)]
+    watched_full = [await _turn_chunks(agent, model, WORDS, cancel=asyncio.Event()) for _ in range(turns)]
+    watched_short = [await _turn_chunks(agent, model, SHORT, cancel=asyncio.Event()) for _ in range(turns)]
+    watched_us = (
+        (statistics.median(ns for _, ns in watched_full) - statistics.median(ns for _, ns in watched_short))
+        / 1000
+        / (WORDS - SHORT)
+    )
+    model_full = [await _model_stream_ns(model, WORDS) for _ in range(turns)]
+    model_short = [await _model_stream_ns(model, SHORT) for _ in range(turns)]
+    model_us = (statistics.median(model_full) - statistics.median(model_short)) / 1000 / (WORDS - SHORT)
+    loop_us = (
+        (statistics.median(ns for _, ns in full) - statistics.median(ns for _, ns in short))
+        / 1000
+        / (WORDS - SHORT)
+    )
+    chunks = full[0][0]
+    deltas = [chunk for chunk in chunks if chunk["type"] == "text-delta"]
+    parsed = [to_client_json(chunk)[1] for chunk in deltas]
+    wires = [to_client_json(chunk)[0] for chunk in deltas]
+    prefix = [chunk for chunk in chunks if chunk["type"] != "text-delta"][:8]
+
+    def wire_json() -> None:
+        for chunk in deltas:
+            to_client_json(chunk)
+
+    def assembly() -> None:
+        assembler = UIMessageAssembler({"id": "m", "role": "assistant", "parts": []})
+        for chunk in prefix:  # the tool call and the text part's start, as in a turn
+            assembler.apply(to_client_json(chunk)[1])
+        started = time.thread_time_ns()
+        for chunk in parsed:
+            assembler.apply(chunk)
+        assembly.spent += time.thread_time_ns() - started  # type: ignore[attr-defined]
+
+    assembly.spent = 0  # type: ignore[attr-defined]
+
+    written: list[ChunkBatch] = []
+
+    async def sink(batch: ChunkBatch) -> bool:
+        written.append(batch)
+        return False
+
+    loop = asyncio.get_running_loop()
+
+    def log_add() -> None:
+        log = ChunkLog(sink, interval=3600)
+        for chunk in parsed:
+            log.add(chunk)
+        loop.call_soon(log._task.cancel) if log._task is not None else None  # never writes here
+
+    size = max(1, len(parsed) // batches)
+    groups = [parsed[index : index + size] for index in range(0, len(parsed), size)]
+
+    def log_serialize() -> None:
+        for group in groups:
+            json.dumps(list(group))
+
+    def sse() -> None:
+        channel = _EventChannel()
+        for index, wire in enumerate(wires):
+            channel.send(b"data: " + wire + b"\n\n")
+            if index % 4 == 3:  # a write carries what arrived while the previous one was in flight
+                b"".join(channel._pending)
+                channel._pending.clear()
+
+    repeat = 200
+    figures = {
+        "1. model event → UI chunk (loop + scripted model), with a cancel event watched": watched_us,
+        "1b. of which without a cancel event (`cancel=None`)": loop_us,
+        "1a. of which pydantic-ai's model stream alone (scripted model → events)": model_us,
+        "2. wire JSON (to_client_json)": _per_delta(wire_json, len(deltas), repeat),
+    }
+    assembly_samples = []
+    for _ in range(repeat):
+        assembly.spent = 0  # type: ignore[attr-defined]
+        assembly()
+        assembly_samples.append(assembly.spent / 1000 / len(parsed))  # type: ignore[attr-defined]
+    figures["3. assembly (UIMessageAssembler.apply)"] = statistics.median(assembly_samples)
+    figures["4a. log: ChunkLog.add"] = _per_delta(log_add, len(parsed), repeat)
+    figures[f"4b. log: batch serialized for Jsonb ({len(groups)} batches)"] = _per_delta(
+        log_serialize, len(parsed), repeat
+    )
+    figures["5. SSE bytes (framing, channel send, write's join)"] = _per_delta(sse, len(wires), repeat)
+    await asyncio.sleep(0)
+    lines = [
+        f"CPU per text delta by stage, µs (medians; {turns} turns for stage 1, {repeat} passes over "
+        f"{len(deltas)} deltas for the others)",
+        "",
+        "| stage | µs per delta |",
+        "|---|---|",
+    ]
+    lines += [f"| {label} | {value:.1f} |" for label, value in figures.items()]
+    hand = sum(v for k, v in figures.items() if not k.startswith(("4", "1a", "1b")))
+    lines += [
+        f"| hand-wired route (1+2+3+5) | {hand:.1f} |",
+        f"| `chat_routes` (1+2+3+4+5) | {hand + sum(v for k, v in figures.items() if k[0] == '4'):.1f} |",
+    ]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--turns", type=int, default=30)
+    parser.add_argument("--batches", type=int, default=12, help="log writes per turn")
+    arguments = parser.parse_args()
+    print("\n".join(asyncio.run(measure(arguments.turns, arguments.batches))))
+
+
+if __name__ == "__main__":
+    main()

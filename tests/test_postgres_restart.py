@@ -1,0 +1,144 @@
+"""Postgres restarted under a running worker (as a failover looks to it): requests are answered or refused
+with 503 and `Retry-After`, never 500, and the worker recovers by itself, without a restart.
+
+The module runs its own embedded server (`PostgresCluster(own=True)`), so stopping it disturbs no other
+test; the workers are `tests.durable_chat_worker` processes (uvicorn, DBOS, a Postgres store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from bastion.durable import migrate_durable
+from bastion.stores import apply_migrations
+from tests.conftest import MigratedDatabase
+from tests.durable_cluster import Cluster, Worker, cluster_of, post_turn, until, user_message
+from tests.pg import PostgresCluster
+
+# How long a request waits for a pooled connection while the database is down, before its 503.
+POOL_TIMEOUT = 3.0
+# Turns in flight when the database restarts.
+TURNS = 4
+
+
+@pytest.fixture(scope="module")
+def restartable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MigratedDatabase]:
+    """A migrated database on a server of the module's own, which the tests stop and start."""
+    cluster = PostgresCluster(Path(tmp_path_factory.mktemp("restartable")) / "data", own=True)
+    name = cluster.database()
+    asyncio.run(apply_migrations(cluster.dsn(name)))
+    cluster.create_login_roles()
+    asyncio.run(migrate_durable(cluster.dsn(name), app_role="bastion_app"))
+    yield MigratedDatabase(cluster, name)
+    cluster.close(stop=True)
+
+
+async def probe(cluster: Cluster, worker: Worker, user: str, conversation: str) -> tuple[int, str | None]:
+    """One request that reads the database (is a turn in flight?): its status and `Retry-After`."""
+    async with httpx2.AsyncClient(timeout=30) as http:
+        response = await http.get(
+            f"{worker.url}/api/chat/{conversation}/stream", headers=cluster.headers(user)
+        )
+    return response.status_code, response.headers.get("retry-after")
+
+
+async def test_requests_across_a_postgres_restart_get_503_with_retry_after_never_500(
+    restartable: MigratedDatabase,
+) -> None:
+    async with cluster_of(restartable) as cluster:
+        worker = await cluster.start("steady", pool_timeout=POOL_TIMEOUT)
+        user, conversation = str(uuid.uuid4()), str(uuid.uuid4())
+        status, chunks = await (await post_turn(cluster, worker, user, conversation, [user_message("hello")]))
+        assert status == 200 and chunks[-1]["type"] == "finish"
+
+        async def warm() -> None:
+            """Every connection of the worker's pool in use at once, so the restart breaks each."""
+            probes = await asyncio.gather(*(probe(cluster, worker, user, conversation) for _ in range(8)))
+            assert {answer for answer in probes} == {(204, None)}
+
+        # A restart between requests: the pool replaces the connections it broke before handing them out.
+        await warm()
+        restartable.cluster.stop()
+        restartable.cluster.start()
+        assert [await probe(cluster, worker, user, conversation) for _ in range(8)] == [(204, None)] * 8
+
+        # Requests while the database is down are refused with Retry-After; after it is back, each is
+        # answered or refused for a moment, and the worker serves again without a restart.
+        await warm()
+        restartable.cluster.stop()
+        down = [await probe(cluster, worker, user, conversation) for _ in range(2)]
+        restartable.cluster.start()
+        after = [await probe(cluster, worker, user, conversation) for _ in range(12)]
+        assert down == [(503, "2")] * 2
+        assert all(answer in {(204, None), (503, "2")} for answer in after), after
+        assert after[-3:] == [(204, None)] * 3, after
+
+        history = cluster.messages(conversation)
+        status, chunks = await (
+            await post_turn(cluster, worker, user, conversation, [*history, user_message("again")])
+        )
+        assert status == 200 and chunks[-1]["type"] == "finish"
+
+
+def outcome(cluster: Cluster, conversation: str, answer: tuple[int, list[dict[str, Any]]]) -> str:
+    """What became of a turn: `completed` (stored whole, streamed to its `finish`) or `failed` (the
+    client saw an error: a refusal or an `error` chunk, and the run is settled); anything else fails."""
+    status, chunks = answer
+    run = cluster.run(conversation)
+    types = [chunk["type"] for chunk in chunks]
+    if status == 200 and types[-1:] == ["finish"] and "error" not in types:
+        assert run is not None and run[1] == "completed", (run, types)
+        assert [m["role"] for m in cluster.messages(conversation)] == ["user", "assistant"]
+        return "completed"
+    assert status != 200 or "error" in types, f"a turn ended silently: {status} {types}"
+    assert run is None or run[1] != "running", run
+    return "failed"
+
+
+async def test_turns_in_flight_across_a_postgres_restart_complete_or_fail_visibly_and_new_turns_work(
+    restartable: MigratedDatabase,
+) -> None:
+    async with cluster_of(restartable) as cluster:
+        worker = await cluster.start("steady", pool_timeout=POOL_TIMEOUT)
+        user = str(uuid.uuid4())
+        conversations = [str(uuid.uuid4()) for _ in range(TURNS)]
+        posted = [
+            await post_turn(cluster, worker, user, conversation, [user_message(f"turn {conversation}")])
+            for conversation in conversations
+        ]
+        # Every turn is streaming its first model request when the database goes away for a second.
+        await until(lambda: all(cluster.count(c, "model:turn:0") for c in conversations), 30)
+        restartable.cluster.stop()
+        await asyncio.sleep(1.0)
+        restartable.cluster.start()
+        answers = await asyncio.wait_for(asyncio.gather(*posted), 90)  # no turn hangs
+        # A turn whose run was left running by the outage settles once its lease runs out, at most.
+        await until(lambda: all((run := cluster.run(c)) and run[1] != "running" for c in conversations), 60)
+        outcomes = [outcome(cluster, c, answer) for c, answer in zip(conversations, answers, strict=True)]
+        print(f"turns across a Postgres restart: {outcomes.count('completed')} completed, "
+              f"{outcomes.count('failed')} failed visibly, of {TURNS}")  # fmt: skip
+
+        # The same worker serves new turns, durable again: pools, listener and DBOS reconnected.
+        fresh = str(uuid.uuid4())
+        status, chunks = await (
+            await post_turn(cluster, worker, user, fresh, [user_message(f"turn {fresh}")])
+        )
+        assert status == 200 and chunks[-1]["type"] == "finish", chunks[-3:]
+        run = cluster.run(fresh)
+        assert run is not None and run[1] == "completed"
+        await until(lambda: (found := cluster.workflow(fresh, run[0])) and found[0] == "SUCCESS", 30)
+        for conversation in conversations:
+            history = cluster.messages(conversation)
+            if history and history[-1]["role"] == "user":
+                history = history[:-1]  # a failed turn stored its user message alone
+            status, chunks = await (
+                await post_turn(cluster, worker, user, conversation, [*history, user_message("again")])
+            )
+            assert status == 200 and chunks[-1]["type"] == "finish", (status, chunks[-3:])
