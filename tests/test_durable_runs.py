@@ -22,7 +22,7 @@ from bastion import define_agent
 from bastion.chat.durable_turns import DurableTurnError, prune_finished_turns, turn_workflow_id
 from bastion.chat.endpoint import ChatEndpoint, chat_routes
 from bastion.durable import DurableEngine
-from bastion.persistence import RunInput, RunOutcome, ToolOperation
+from bastion.persistence import AgentRunInactiveError, RunInput, RunOutcome, ToolOperation
 from bastion.stores import (
     ConversationBusyError,
     PostgresStore,
@@ -31,6 +31,7 @@ from bastion.stores import (
     ToolOperationUncertainError,
     TurnContext,
 )
+from bastion.stores.postgres import PostgresAgentPersistence
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
 from tests.durable_cluster import free_port, until, user_message
@@ -152,10 +153,12 @@ async def test_the_sqlite_store_refuses_durable_turns(
 
 @contextlib.asynccontextmanager
 async def serve(
-    store: PostgresStore, model: Any, engine: DurableEngine, project: Project
+    store: PostgresStore, model: Any, engine: DurableEngine, project: Project, **options: Any
 ) -> AsyncIterator[str]:
     agent = define_agent(name=f"durable-{uuid.uuid4().hex[:6]}", instructions="Answer.")
-    routes = chat_routes(agent=agent, store=store, model=model, context=lambda t: t, durable=engine)
+    routes = chat_routes(
+        agent=agent, store=store, model=model, context=lambda t: t, durable=engine, **options
+    )
     app = create_agent_worker(env=project.env, routes=routes)
     port = free_port()
     server = uvicorn.Server(
@@ -192,6 +195,15 @@ async def finished(database: MigratedDatabase, conversation: str, run_id: str) -
             return found
         await asyncio.sleep(0.02)
     return workflow(database, conversation, run_id)
+
+
+def stored_steps(database: MigratedDatabase, run_id: str) -> list[int]:
+    """The steps of the run's stored model requests."""
+    with psycopg.connect(database.admin_dsn) as conn:
+        rows = conn.execute(
+            "select step from bastion.run_steps where run_id = %s order by step", (run_id,)
+        ).fetchall()
+    return [row[0] for row in rows]
 
 
 def runs(database: MigratedDatabase, conversation: str) -> Sequence[tuple[str, str, bool]]:
@@ -273,6 +285,8 @@ async def test_a_durable_turn_streams_in_its_workflow_can_be_stopped_and_is_prun
             ).fetchone()
         # A first execution has no earlier attempt to supersede: its log holds no reset.
         assert kept and kept[0] > 0 and kept[1] == 0
+        # Its model request was stored (keyed by run and step), and is pruned with its log.
+        assert stored_steps(migrated_database, run_id) == [0]
         assert (await prune_finished_turns(store, older_than=timedelta(days=1)))[0] == 0
         deleted, rows = await prune_finished_turns(store, older_than=timedelta(0))
         assert deleted >= 2 and rows >= 2
@@ -282,6 +296,7 @@ async def test_a_durable_turn_streams_in_its_workflow_can_be_stopped_and_is_prun
                 "select count(*) from bastion.run_chunks where run_id = %s", (run_id,)
             ).fetchone()
         assert left == (0,)
+        assert stored_steps(migrated_database, run_id) == []
 
 
 async def test_the_guides_durable_example_builds_durable_chat_routes(
@@ -296,3 +311,103 @@ async def test_the_guides_durable_example_builds_durable_chat_routes(
     finally:
         await engine.close()
         await store.close()
+
+
+async def test_a_durable_turns_checkpoints_ride_its_writes_and_a_zombie_cannot_write_over_its_successor(
+    migrated_database: MigratedDatabase,
+) -> None:
+    who = StoreIdentity(user_id=str(uuid.uuid4()))
+    zombie = await PostgresStore.open(migrated_database.app_dsn, max_size=2)
+    successor = await PostgresStore.open(migrated_database.app_dsn, max_size=2)
+    try:
+        conversation = (await successor.create_conversation(who)).id
+        persistence, context, state = await claim(zombie, who, conversation)
+        await persistence.mark_durable(context, state)
+        checkpoints = persistence.checkpoint(state)
+        # A finished request's record is stored by the run's next write: here, its tool's claim.
+        checkpoints.add(0, {"response": [], "chunks": [{"type": "text-delta", "id": "0-0", "delta": "a"}]})
+        ran: list[str] = []
+        assert await persistence.execute_tool(context, state, operation("op/first", ran)) == "sent"
+        assert checkpoints.pending == {}
+        # ... or a stream log batch, which also stores the tool results the next request sees.
+        log_writes = zombie.live_turns().log(who, state.run_id, on_stop=lambda: None, checkpoints=checkpoints)
+        checkpoints.add(1, {"response": [], "chunks": []})
+        log_writes.add({"type": "text-delta", "id": "1-0", "delta": "b"})
+        await log_writes.close()
+        assert checkpoints.pending == {}
+        # Its worker lock is lost (and not taken again while the run is adopted): to the others it is
+        # dead, though it runs on.
+        await zombie.leases.close()
+        assert zombie._liveness is not None
+        await zombie._liveness.close()
+        stored = await successor.persistence().adopt_turn(context, state)
+        assert stored is not None and [record["step"] for record in stored] == [0, 1]
+        assert stored[0]["chunks"] == [{"type": "text-delta", "id": "0-0", "delta": "a"}]
+        with psycopg.connect(migrated_database.admin_dsn) as conn:
+            recorded = conn.execute(
+                "select status, output from bastion.tool_executions where run_id = %s", (state.run_id,)
+            ).fetchall()
+        assert recorded == [("completed", "sent")]
+        # The zombie lives on, but every write of its run is refused: no claim, no checkpoint, no
+        # close, and its log stores nothing and tells it to stop.
+        checkpoints.add(2, {"response": [], "chunks": []})
+        with pytest.raises(AgentRunInactiveError):
+            await persistence.execute_tool(context, state, operation("op/second", ran))
+        stopped: list[bool] = []
+        log_writes = zombie.live_turns().log(
+            who, state.run_id, on_stop=lambda: stopped.append(True), checkpoints=checkpoints
+        )
+        log_writes.add({"type": "text-delta", "id": "2-0", "delta": "zombie"})
+        await log_writes.close()
+        assert stopped == [True]
+        with pytest.raises(AgentRunInactiveError):
+            await persistence.finish_run(context, state, RunOutcome(status="completed"))
+        assert ran == ["op/first"]
+        with psycopg.connect(migrated_database.admin_dsn) as conn:
+            steps = conn.execute(
+                "select step from bastion.run_steps where run_id = %s order by step", (state.run_id,)
+            ).fetchall()
+            logged = conn.execute(
+                "select count(*) from bastion.run_chunks where run_id = %s and chunks::text like %s",
+                (state.run_id, "%zombie%"),
+            ).fetchone()
+            status = conn.execute("select status from bastion.runs where id = %s", (state.run_id,)).fetchone()
+        assert steps == [(0,), (1,)] and logged == (0,) and status == ("running",)
+    finally:
+        for store in (zombie, successor):
+            await store.close()
+
+
+class SaveRefused(PostgresAgentPersistence):
+    """Postgres fails the turn's save (its completed outcome) once; settling it as failed works."""
+
+    async def finish_run(self, context: TurnContext, state: Any, outcome: RunOutcome) -> None:
+        if outcome.status == "completed":
+            raise psycopg.OperationalError("the server closed the connection")
+        await super().finish_run(context, state, outcome)
+
+
+async def test_a_durable_turn_whose_save_the_database_fails_still_ends_its_workflow(
+    migrated_database: MigratedDatabase, durable_engine: DurableEngine
+) -> None:
+    project = Project()
+    conversation = str(uuid.uuid4())
+    async with await PostgresStore.open(migrated_database.app_dsn, max_size=4) as store:
+        async with (
+            serve(
+                store, ScriptedModel(["Hello."]), durable_engine, project, persistence=SaveRefused(store)
+            ) as url,
+            httpx2.AsyncClient(timeout=30) as http,
+        ):
+            body = {"id": conversation, "messages": [user_message("hi")], "trigger": "submit-message"}
+            response = await http.post(
+                f"{url}/api/chat", json=body, headers=project.headers(str(uuid.uuid4()))
+            )
+        assert [c["type"] for c in chunks_of(response.text)][-2:] == ["error", "finish"]
+        [(run_id, status, _)] = runs(migrated_database, conversation)
+        assert status == "failed"
+        # Its workflow (whose input holds the conversation) ends, so retention prunes it.
+        assert await finished(migrated_database, conversation, run_id) == (
+            "SUCCESS",
+            durable_engine.executor_id,
+        )

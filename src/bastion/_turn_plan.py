@@ -40,7 +40,7 @@ class ExecuteToolHook(Protocol):
 
 
 class ModelSteps(Protocol):
-    """Runs each model request of a turn as a durable step (`bastion.durable`'s turns).
+    """Runs each model request of a turn as a durable step (`bastion.chat.durable_turns`).
 
     `request(step, produce, response)` yields the request's chunks: live from `produce()` when the
     step runs (which leaves the `ModelResponse` in `response`), or as recorded when a completed step

@@ -186,7 +186,10 @@ class ChatEndpoint(Generic[ContextT]):
         try:
             if self.live is not None:
                 stop = held.enter_context(self.live.stop_signal(run.state.run_id))
-                log = self.live.log(turn.identity, run.state.run_id, on_stop=stop.set)
+                checkpoints = durable.checkpoints if durable is not None else None
+                log = self.live.log(
+                    turn.identity, run.state.run_id, on_stop=stop.set, checkpoints=checkpoints
+                )
             if durable is not None:
                 durable.attach(log)
             # A closed tab does not stop the run: the reply is finished and saved for the next visit.
@@ -207,8 +210,6 @@ class ChatEndpoint(Generic[ContextT]):
         opened = session
 
         async def on_finish(*, response_message: dict[str, Any], status: StreamStatus) -> None:
-            if durable is not None:
-                await durable.before_save()
             await run.finish(response_message=response_message, status=status)
 
         async def on_settled(*, status: StreamStatus) -> None:

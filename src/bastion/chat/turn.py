@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from bastion._turn_plan import ExecuteToolHook, ModelSteps
     from bastion.chat.stream_response import AgentStreamResponse, TurnRunner
     from bastion.persistence import AgentPersistence, AgentRun
+    from bastion.stores.checkpoints import TurnCheckpoints
     from bastion.stores.entities import TurnContext, TurnState
     from bastion.stores.live import ChunkLog, LiveTurns
 
@@ -45,7 +46,11 @@ class DurableTurnHooks(Protocol):
 
     @property
     def steps(self) -> ModelSteps:
-        """Runs the turn's model requests as durable steps."""
+        """Runs the turn's model requests, replaying those an earlier execution stored."""
+
+    @property
+    def checkpoints(self) -> TurnCheckpoints:
+        """The turn's finished model requests not stored yet, which its stream log's writes carry."""
 
     @property
     def runner(self) -> TurnRunner | None:
@@ -56,9 +61,6 @@ class DurableTurnHooks(Protocol):
 
     def execute_tool(self, hook: ExecuteToolHook) -> ExecuteToolHook:
         """The tool hook wrapping the run's own."""
-
-    async def before_save(self) -> None:
-        """Called just before the turn's response message is saved."""
 
 
 class Named(Protocol):

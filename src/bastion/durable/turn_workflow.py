@@ -1,18 +1,18 @@
-"""The chat turn's DBOS workflow and model step, declared when `bastion.durable` is imported.
+"""The chat turn's DBOS workflow, declared when `bastion.durable` is imported.
 
 DBOS recovers a workflow by its name (`bastion.turn`) in whichever process it hands it to, and runs
 a module-level function there, so the function must find what runs the turn in a registry: the one
 DBOS forces, `TURN_WORKFLOWS`. It holds, for this process, what takes over a turn from a dead process
 (registered by name by each durable chat endpoint, `bastion.chat.durable_turns`) and the turns this
-process's own requests run, whose model steps the workflow's body records. Declared here, below
-`bastion.chat`, the workflow exists as soon as the engine module does, so a process may launch its
-engine before it builds its chat routes.
+process's own requests run, whose end the workflow's body waits for. Model requests are not DBOS
+steps: a turn stores them in bastion's own writes (`bastion.stores.checkpoints`), so a turn costs
+DBOS only its workflow's row. Declared here, below `bastion.chat`, the workflow exists as soon as
+the engine module does, so a process may launch its engine before it builds its chat routes.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Final, Protocol
 
 from bastion._extras import missing_extra
@@ -25,20 +25,16 @@ except ImportError as error:
 from bastion.durable._ready import registered
 
 __all__ = [
-    "MODEL_STEP_NAME",
     "TURN_WORKFLOWS",
     "WORKFLOW_NAME",
     "DurableTurnError",
-    "StepServer",
     "TurnTakeOver",
     "TurnWorkflows",
-    "model_request_step",
     "start_turn_workflow",
     "turn_workflow_id",
 ]
 
 WORKFLOW_NAME: Final = "bastion.turn"
-MODEL_STEP_NAME: Final = "bastion.turn.model_request"
 
 
 class DurableTurnError(RuntimeError):
@@ -58,25 +54,20 @@ class TurnTakeOver(Protocol):
     async def take_over(self, workflow_input: dict[str, Any]) -> str: ...
 
 
-class StepServer(Protocol):
-    """A turn this process runs: it hands its model steps to its workflow's body to record."""
-
-    async def serve(self) -> None: ...
-
-
 class TurnWorkflows:
     """This process's durable chat endpoints by name, and the turns its own requests run."""
 
     def __init__(self) -> None:
         self._take_overs: dict[str, TurnTakeOver] = {}
-        self._attached: dict[str, asyncio.Future[StepServer]] = {}
+        self._attached: dict[str, asyncio.Future[str]] = {}
 
     def register(self, name: str, take_over: TurnTakeOver) -> None:
         self._take_overs[name] = take_over
 
-    def attach(self, workflow_id: str) -> asyncio.Future[StepServer]:
-        """The future the turn this process runs sets, so the workflow's body records its steps."""
-        attached: asyncio.Future[StepServer] = asyncio.get_running_loop().create_future()
+    def attach(self, workflow_id: str) -> asyncio.Future[str]:
+        """The future the turn this process runs sets when it ends, however it ended, which the
+        workflow's body returns: a turn's workflow never stays pending while its process lives."""
+        attached: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._attached[workflow_id] = attached
         return attached
 
@@ -84,11 +75,11 @@ class TurnWorkflows:
         self._attached.pop(workflow_id, None)
 
     async def run(self, workflow_id: str | None, workflow_input: dict[str, Any]) -> str:
-        """One turn: the one this process's request attached, or one taken over from a dead process."""
+        """One turn: the one this process's request attached (its end), or one taken over from a dead
+        process."""
         attached = self._attached.pop(workflow_id, None) if workflow_id is not None else None
         if attached is not None:
-            await (await attached).serve()
-            return "ran"
+            return await attached
         take_over = await self._take_over(workflow_input["endpoint"])
         if take_over is None:
             raise DurableTurnError(
@@ -104,12 +95,6 @@ class TurnWorkflows:
 
 # The one registry DBOS forces (see the module's docstring).
 TURN_WORKFLOWS: Final = TurnWorkflows()
-
-
-@DBOS.step(name=MODEL_STEP_NAME)
-async def model_request_step(body: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
-    """One model request of a turn: the response and the chunks it streamed."""
-    return await body()
 
 
 @DBOS.workflow(name=WORKFLOW_NAME)

@@ -53,6 +53,7 @@ from bastion.stores._turns import (
     run_event,
     run_status,
 )
+from bastion.stores.checkpoints import TurnCheckpoints
 from bastion.stores.entities import (
     StoreIdentity,
     TurnContext,
@@ -164,10 +165,32 @@ class PostgresAgentPersistence(TurnPersistence):
             self._store.leases.hold(state.run_id, self._lease_seconds)
         return adopted
 
+    def checkpoint(self, state: TurnState) -> TurnCheckpoints:
+        """Make the run's turn checkpoint its model requests in the run's next writes, every write
+        fenced by this process (see `bastion.stores.checkpoints`)."""
+        state.checkpoints = TurnCheckpoints(worker=self._store.worker_key, results=state.unrecorded_results)
+        return state.checkpoints
+
+    async def adopt_turn(self, context: TurnContext, state: TurnState) -> list[dict[str, Any]] | None:
+        """`adopt_run`, answering with the run's stored checkpoints (the records of its finished model
+        requests, in step order), or None when the run was not adopted. One round trip."""
+        await self._store.hold_worker_lock()
+        with database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                cursor = await conn.execute(
+                    "select bastion.adopt_turn(%s, %s, %s)",
+                    (state.run_id, self._store.worker_key, self._lease_seconds),
+                )
+            adopted: dict[str, Any] = single_value(await cursor.fetchone())
+        self._tails.evict(tail_key(context.identity, state.conversation_id))
+        if not adopted["adopted"]:
+            return None
+        self._store.leases.hold(state.run_id, self._lease_seconds)
+        return list(adopted["steps"])
+
     async def record_tool_results(self, context: TurnContext, state: TurnState) -> None:
-        """Write the results of this run's finished operations now, not with its next write (a
-        durable turn does so before each model request, so a replayed request never saw a result
-        the store lacks)."""
+        """Write the results of this run's finished operations now, in a transaction of their own,
+        not with its next write (durable chat turns let their stream log's writes carry them)."""
         results = list(state.unrecorded_results)
         if not results:
             return
@@ -365,6 +388,7 @@ class PostgresAgentPersistence(TurnPersistence):
         try:
             with database_errors():
                 async with self._store.transaction(context.identity) as conn:
+                    checkpoints = await _fence(conn, state)
                     cursor = await conn.execute(
                         "select bastion.claim_tool(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                         (
@@ -380,6 +404,7 @@ class PostgresAgentPersistence(TurnPersistence):
                         ),
                     )
                 claim: dict[str, Any] = single_value(await cursor.fetchone())
+            _stored(state, checkpoints)
         except BaseException:
             self._tails.evict(tail_key(context.identity, state.conversation_id))
             raise
@@ -400,6 +425,7 @@ class PostgresAgentPersistence(TurnPersistence):
         try:
             with database_errors():
                 async with self._store.transaction(context.identity) as conn:
+                    checkpoints = await _fence(conn, state)
                     cursor = await conn.execute(
                         "select bastion.close_turn(%s, %s, %s, %s, %s, %s)",
                         (
@@ -412,6 +438,7 @@ class PostgresAgentPersistence(TurnPersistence):
                         ),
                     )
                 closed = single_value(await cursor.fetchone())
+            _stored(state, checkpoints)
         except BaseException:
             self._tails.evict(key)
             raise
@@ -435,6 +462,24 @@ class PostgresAgentPersistence(TurnPersistence):
         self._tails.put(
             key, finished_tail(before, revision=closed["revision"], last_seq=closed["last_seq"], saved=saved)
         )
+
+
+async def _fence(conn: Connection, state: TurnState) -> list[dict[str, Any]] | None:
+    """For a durable turn, queue `bastion.record_run_steps` ahead of the write in its transaction: it
+    fails the write unless this process still runs the run, and stores the pending checkpoints."""
+    checkpoints = state.checkpoints
+    if checkpoints is None:
+        return None
+    taken = checkpoints.take()
+    await conn.execute(
+        "select bastion.record_run_steps(%s, %s, %s)", (state.run_id, checkpoints.worker, Jsonb(taken))
+    )
+    return taken
+
+
+def _stored(state: TurnState, taken: list[dict[str, Any]] | None) -> None:
+    if state.checkpoints is not None and taken:
+        state.checkpoints.stored(taken)
 
 
 def _answers_approvals(plan: HistoryWrites) -> bool:

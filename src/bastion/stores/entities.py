@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeAlias, TypeVar
 
+from bastion.stores.checkpoints import TurnCheckpoints
 from bastion.stores.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ class TurnState:
     """A claimed turn: plain, serializable ids, plus what this process still has to record.
 
     `unrecorded_results` and `running_tool_calls` name operations by their operation key.
+    `checkpoints` is set on a durable turn's state (`bastion.stores.checkpoints`).
     """
 
     conversation_id: str
@@ -107,6 +109,7 @@ class TurnState:
     pending_approval_ids: frozenset[str] = frozenset()
     unrecorded_results: list[dict[str, Any]] = field(default_factory=list, repr=False)
     running_tool_calls: set[str] = field(default_factory=set, repr=False)
+    checkpoints: TurnCheckpoints | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

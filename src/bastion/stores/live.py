@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from bastion._ui_chunks import Chunk
+from bastion.stores.checkpoints import TurnCheckpoints
 from bastion.stores.entities import StoreIdentity
 
 __all__ = [
@@ -281,7 +282,14 @@ class ChunkLog:
 class LiveTurns(Protocol):
     """A store's live turns: stream logs, followers and stop requests, across processes."""
 
-    def log(self, identity: StoreIdentity, run_id: str, *, on_stop: Callable[[], None]) -> ChunkLog: ...
+    def log(
+        self,
+        identity: StoreIdentity,
+        run_id: str,
+        *,
+        on_stop: Callable[[], None],
+        checkpoints: TurnCheckpoints | None = None,
+    ) -> ChunkLog: ...
 
     def stop_signal(self, run_id: str) -> contextlib.AbstractContextManager[asyncio.Event]: ...
 

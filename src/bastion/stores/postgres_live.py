@@ -21,7 +21,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
+from psycopg.types.json import Jsonb
 
+from bastion.stores._turns import recordable
+from bastion.stores.checkpoints import TurnCheckpoints
 from bastion.stores.entities import StoreIdentity, parse_uuid
 from bastion.stores.errors import NotFoundError
 from bastion.stores.live import ChunkBatch, ChunkLog, LiveRun, StreamAssembly, StreamSuperseded
@@ -47,6 +50,7 @@ _READ: Final = (
     "%(follow)s and bastion.follow_run(%(run)s)"
 )
 _APPEND: Final = "select bastion.append_chunks(%s, %s, %s, %s::jsonb, %s, %s)"
+_APPEND_DURABLE: Final = "select bastion.append_chunks(%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s)"
 
 
 class PostgresLiveTurns:
@@ -71,16 +75,37 @@ class PostgresLiveTurns:
 
     # Writing
 
-    def log(self, identity: StoreIdentity, run_id: str, *, on_stop: Callable[[], None]) -> ChunkLog:
+    def log(
+        self,
+        identity: StoreIdentity,
+        run_id: str,
+        *,
+        on_stop: Callable[[], None],
+        checkpoints: TurnCheckpoints | None = None,
+    ) -> ChunkLog:
         """The run's stream log; a write that finds the run asked to stop calls `on_stop`. A follower in
-        any process makes it write live (`ChunkLog.follow`) until it is closed."""
+        any process makes it write live (`ChunkLog.follow`) until it is closed.
+
+        With a durable turn's `checkpoints`, each write carries the pending ones and is fenced by the
+        process running the run: once another process adopted it, writes store nothing and stop.
+        """
 
         async def write(batch: ChunkBatch) -> bool:
             arguments = (run_id, batch.seq, batch.reset, batch.json().decode(), batch.durable, batch.notify)
+            if checkpoints is None:
+                async with self._store.transaction(identity) as conn:
+                    cursor = await conn.execute(_APPEND, arguments)
+                return _stop(await cursor.fetchone())
+            taken, results = checkpoints.take(), checkpoints.take_results()
             async with self._store.transaction(identity) as conn:
-                cursor = await conn.execute(_APPEND, arguments)
-            row = await cursor.fetchone()
-            return bool(row and row[0])
+                cursor = await conn.execute(
+                    _APPEND_DURABLE,
+                    (*arguments, checkpoints.worker, Jsonb(taken), Jsonb(recordable(results))),
+                )
+            stop = _stop(await cursor.fetchone())
+            checkpoints.stored(taken)
+            checkpoints.results_logged(results)
+            return stop
 
         def closed() -> None:
             _discard(self._logs, run_id, log)
@@ -242,6 +267,10 @@ class PostgresLiveTurns:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._listener
             self._listener = None
+
+
+def _stop(row: tuple[Any, ...] | None) -> bool:
+    return bool(row and row[0])
 
 
 def _discard(registry: dict[str, set[Any]], key: str, event: Any) -> None:
