@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from dbos import DBOS
 
 from bastion.chat.durable_turns import prune_finished_turns
 from bastion.durable._ready import registered
+from bastion.durable.engine import prune_finished_workflows
 from bastion.hooks import PostgresHookOutbox, Pruned, prune_deliveries, prune_outbox
 from bastion.inbox.replies import REPLY_WORKFLOW
 
@@ -99,7 +100,7 @@ class Retention:
         """Prune everything past its age now."""
         policy = self.policy
         workflows, log_rows = await prune_finished_turns(self.store, older_than=policy.finished_turns)
-        inbox_jobs = await _prune_finished(REPLY_WORKFLOW, older_than=policy.inbox_jobs)
+        inbox_jobs = await prune_finished_workflows(REPLY_WORKFLOW, older_than=policy.inbox_jobs)
         events, deliveries = Pruned(0, 0), 0
         if self.hooks:
             events = await prune_outbox(self.store.pool, policy.delivered_events)
@@ -157,18 +158,3 @@ async def _run_step() -> dict[str, int]:
     """One step, so the DBOS calls inside run as plain calls rather than as steps of their own."""
     assert _running is not None
     return asdict(await _running.run_once())
-
-
-async def _prune_finished(workflow_name: str, *, older_than: timedelta) -> int:
-    """Delete the workflows named `workflow_name` that finished more than `older_than` ago."""
-    finished = await DBOS.list_workflows_async(
-        name=workflow_name,
-        status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
-        completed_before=(datetime.now(UTC) - older_than).isoformat(),
-        load_input=False,
-        load_output=False,
-    )
-    ids = [workflow.workflow_id for workflow in finished]
-    if ids:
-        await DBOS.delete_workflows_async(ids)
-    return len(ids)

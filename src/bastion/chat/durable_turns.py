@@ -39,10 +39,9 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-from dbos import DBOS
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
 
 from bastion._turn_plan import ExecuteToolHook
@@ -50,6 +49,7 @@ from bastion._ui_chunks import Chunk
 from bastion.auth import Principal
 from bastion.chat.stream_response import AgentStreamResponse, TurnRunner
 from bastion.chat.turn import ChatTurn, TurnOpener
+from bastion.durable.engine import prune_finished_workflows
 from bastion.durable.turn_workflow import (
     TURN_WORKFLOWS,
     WORKFLOW_NAME,
@@ -78,18 +78,8 @@ async def prune_finished_turns(store: PostgresStore, *, older_than: timedelta) -
     """Retention: delete the turn workflows (their inputs hold the conversation) and the stream logs
     of turns that ended more than `older_than` ago. Returns (workflows, log rows) deleted. Needs this
     process's launched engine; run it now and then from one worker or a job."""
-    cutoff = (datetime.now(UTC) - older_than).isoformat()
-    finished = await DBOS.list_workflows_async(
-        name=WORKFLOW_NAME,
-        status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
-        completed_before=cutoff,
-        load_input=False,
-        load_output=False,
-    )
-    ids = [workflow.workflow_id for workflow in finished]
-    if ids:
-        await DBOS.delete_workflows_async(ids)
-    return len(ids), await store.prune_run_chunks(older_than=older_than)
+    workflows = await prune_finished_workflows(WORKFLOW_NAME, older_than=older_than)
+    return workflows, await store.prune_run_chunks(older_than=older_than)
 
 
 class DurableTurns:

@@ -21,6 +21,7 @@ import logging
 import os
 import secrets
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final
 
 from bastion._extras import missing_extra
@@ -40,6 +41,7 @@ __all__ = [
     "DurableEngine",
     "DurableEngineError",
     "migrate_durable",
+    "prune_finished_workflows",
     "system_database_url",
 ]
 
@@ -256,3 +258,19 @@ async def _try_lock(conn: psycopg.AsyncConnection[Any], executor_id: str) -> boo
     )
     row = await cursor.fetchone()
     return bool(row and row[0])
+
+
+async def prune_finished_workflows(name: str, *, older_than: timedelta) -> int:
+    """Retention: delete the workflows named `name` that finished (or that DBOS gave up recovering) more
+    than `older_than` ago, through this process's launched DBOS; returns how many."""
+    finished = await DBOS.list_workflows_async(
+        name=name,
+        status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
+        completed_before=(datetime.now(UTC) - older_than).isoformat(),
+        load_input=False,
+        load_output=False,
+    )
+    ids = [workflow.workflow_id for workflow in finished]
+    if ids:
+        await DBOS.delete_workflows_async(ids)
+    return len(ids)
