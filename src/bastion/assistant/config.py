@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -209,11 +208,12 @@ def _switch(name: str, value: str | None, *, default: bool) -> bool:
 def _age(name: str, value: str | None) -> timedelta | None:
     if value is None:
         return None
-    match = re.fullmatch(r"([0-9]{1,6})([smhd])", value)
-    if match is None:
-        raise ConfigError(f"{name} must be an age such as 7d, 12h, 45m or 90s, not {value!r}.")
-    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match[2]]
-    return timedelta(**{unit: int(match[1])})
+    from bastion.hooks.report import parse_age  # the ages `bastion hooks prune` reads; needs DBOS
+
+    try:
+        return parse_age(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be an age such as 7d, 12h, 45m or 90s, not {value!r}.") from None
 
 
 def _positive_int(name: str, value: str | None) -> int | None:
