@@ -604,6 +604,35 @@ async def test_a_busy_conversation_is_a_409_that_says_when_to_retry() -> None:
     assert "retry-after" not in stale.headers
 
 
+async def test_a_busy_conversation_from_a_row_lock_stays_409_and_a_lost_connection_is_503() -> None:
+    """Postgres's `LockNotAvailable` is an `OperationalError`, as a lost connection is: only the one
+    bastion has not already answered is an outage."""
+    import psycopg
+
+    async def locked(request: Request, context: RequestContext) -> Response:
+        try:
+            raise psycopg.errors.LockNotAvailable("could not obtain lock on row")
+        except psycopg.errors.LockNotAvailable as error:
+            raise ConversationBusyError(retry_after=1.0) from error
+
+    async def lost(request: Request, context: RequestContext) -> Response:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    app = create_agent_worker(
+        env=SupabaseEnv(url="https://project-ref.supabase.co", jwks={"keys": []}, jwt_secret="x" * 32),
+        routes=[
+            Route(method="GET", path="/locked", auth="none", handler=locked),
+            Route(method="GET", path="/lost", auth="none", handler=lost),
+        ],
+    )
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test") as client:
+        busy = await client.get("/locked")
+        outage = await client.get("/lost")
+    assert (busy.status_code, busy.json()["code"], busy.headers["retry-after"]) == (409, "turn_conflict", "1")
+    assert (outage.status_code, outage.json()["code"]) == (503, "database_unavailable")
+    assert outage.headers["retry-after"] == "2"
+
+
 def test_require_principal_gives_the_verified_user_and_refuses_a_route_that_ran_without_one() -> None:
     from bastion.auth import Principal
 

@@ -451,7 +451,13 @@ def _failure(request: Request, exc: Exception) -> RequestFailure:
 
 def _database_unreachable(exc: BaseException) -> bool:
     """A database connection that failed, broke or could not be had from the pool (psycopg's
-    `OperationalError`, a pool timeout among them), raised or chained as a cause."""
+    `OperationalError`, a pool timeout among them), raised or chained as a cause.
+
+    An error bastion already answers below 500 keeps its answer: a busy conversation is a
+    `ConversationBusyError` chained from Postgres's `LockNotAvailable`, itself an `OperationalError`.
+    """
+    if isinstance(exc, BastionError) and exc.status < 500:
+        return False
     psycopg = sys.modules.get("psycopg")  # only loaded when an application uses Postgres
     cause: BaseException | None = exc
     while psycopg is not None and cause is not None:
