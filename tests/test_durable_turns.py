@@ -263,5 +263,6 @@ async def test_turns_survive_kills_at_random_points(cluster: Cluster) -> None:
 
 
 @pytest.mark.chaos
+@pytest.mark.timeout(1800)
 async def test_turns_survive_many_kills_at_random_points(cluster: Cluster) -> None:
     await chaos(cluster, kills=int(os.environ.get("BASTION_CHAOS_KILLS", "24")), seed=int(time.time()))

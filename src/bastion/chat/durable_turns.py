@@ -6,10 +6,10 @@ Its input is plain data: the endpoint's name, the verified principal, the conver
 run ids, the run's state, the messages the turn runs on and the response message's id. DBOS is the
 envelope that outlives a process: the workflow's row, dead executors found, their work handed over.
 
-- The fast path has no queue and does not wait on DBOS: the POST claims the run as before and the
-  turn streams in the response's task at once, while the workflow's row is written beside it; the
-  workflow's body only waits for the turn to end. The stream log's next write then marks the run
-  durable.
+- The fast path has no queue: the POST claims the run as before, the workflow's row is written
+  while the turn is prepared, and the turn streams in the response's task once that row exists;
+  the workflow's body only waits for the turn to end. The stream log's next write then marks the
+  run durable.
 - Model requests are not DBOS steps. A finished request's record (its response and the chunks it
   streamed) is stored by the run's next write that happens anyway, in the same transaction, keyed
   by (run, step): the claim of its first tool, a stream log batch, or the turn's close
@@ -105,11 +105,12 @@ class DurableTurns:
     async def respond(self, turn: ChatTurn, run: AgentRun[Any, Any]) -> AgentStreamResponse:
         """The fast path: the claimed turn's response, streaming at once while its workflow starts.
 
-        The turn runs in the response's task and asks the model without waiting on DBOS. Its
-        workflow's row is written meanwhile, and its body returns when the turn ended, however it
-        ended (a save the database refused included): a turn's workflow never stays pending while
-        its process lives. The run is marked durable by the stream log's next write once the
-        workflow exists: a process that died before that leaves a run a newer turn replaces at once.
+        The workflow's row is written while the endpoint prepares the turn, and the turn streams
+        once it exists, so a client never sees a turn that no process could take over. The
+        workflow's body returns when the turn ended, however it ended (a save the database refused
+        included): a turn's workflow never stays pending while its process lives. The run is marked
+        durable by the stream log's next write; a process that died before its workflow existed
+        leaves a run that a newer turn replaces at once.
         """
         hooks = _TurnHooks(run, self._persistence.checkpoint(run.state))
         workflow_id = turn_workflow_id(turn.conversation_id, turn.run_id)
@@ -128,12 +129,13 @@ class DurableTurns:
             hooks.mark_durable()
 
         async def runner(run_turn: Callable[[], Awaitable[None]]) -> None:
-            marking = asyncio.ensure_future(made_durable())
             try:
+                # Nothing streams before the workflow's row exists: a process dying from the turn's
+                # first chunk on leaves a workflow that another process takes over.
+                await made_durable()
                 await run_turn()
             finally:
                 _end(ended)
-                await marking
 
         hooks.runner = runner
         try:
