@@ -1,0 +1,171 @@
+"""A rolling deploy: workers of the previous release and of this one serve one database at once.
+
+The database is migrated by the previous release, then by this one (expand: what a deploy does
+first), and workers of both releases run beside each other as real processes (`tests.durable_cluster`;
+the previous release's own `tests.durable_chat_worker`, from its tree). A turn, an approval and its
+continuation, and a take-over after SIGKILL in both directions go through, none lost and no side
+effect run twice. And no migration of this release drops or changes a function the previous release's
+migrations made, unless it is listed as contracted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+import pytest_asyncio
+
+from bastion import assemble_ui_messages
+from bastion.assistant.database import Database, migrate
+from bastion.durable import migrate_durable
+from tests.conftest import MigratedDatabase
+from tests.durable_cluster import Cluster, cluster_of, post_turn, resumed_stream, until, user_message
+from tests.pg import PostgresCluster
+from tests.previous_release import (
+    PREVIOUS_RELEASE,
+    PreviousReleaseUnavailable,
+    migrate_with,
+    previous_release_tree,
+)
+from tests.test_durable_turns import check_turn, kill_at, next_turn, settled, taken_over, tool_part
+
+# Functions of the previous release that this release's contract migrations drop on purpose, as
+# `regprocedure` text: each was kept by the previous release only for the release before it.
+CONTRACTED: frozenset[str] = frozenset()
+
+# Every function outside Postgres's own schemas and DBOS's: its signature, its result, and which of the
+# roles the application and its users act as may execute it.
+FUNCTIONS = """
+select p.oid::regprocedure::text, pg_get_function_result(p.oid),
+       array(select r from unnest(array['anon', 'authenticated', 'bastion_runtime', 'service_role']) r
+              where has_function_privilege(r, p.oid, 'execute'))
+  from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+ where n.nspname not in ('pg_catalog', 'information_schema', 'dbos') and n.nspname not like 'pg\\_%'
+"""
+
+Functions = set[tuple[str, str, tuple[str, ...]]]
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """A database the previous release migrated and then this one, and the previous release's tree."""
+
+    database: MigratedDatabase
+    previous: Path
+    functions_before: Functions
+
+
+def functions(dsn: str) -> Functions:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return {(name, result, tuple(roles)) for name, result, roles in conn.execute(FUNCTIONS)}
+
+
+@pytest.fixture(scope="module")
+def deployed(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) -> Deployed:
+    try:
+        previous = previous_release_tree(tmp_path_factory.getbasetemp() / "previous-release")
+    except PreviousReleaseUnavailable as reason:
+        pytest.skip(f"The rolling-deploy tests need the previous release from git: {reason}.")
+    name = pg_cluster.database("rolling")
+    dsn = pg_cluster.dsn(name)
+    assert "bastion:0010" in migrate_with(previous, dsn)
+    before = functions(dsn)
+    # This release's migrations on top, as its deploy's first step does.
+    assert asyncio.run(migrate(Database(app_conninfo=dsn, admin_conninfo=dsn), grant_app_role=False))
+    pg_cluster.create_login_roles()
+    asyncio.run(migrate_durable(dsn, app_role="bastion_app"))
+    return Deployed(MigratedDatabase(pg_cluster, name), previous, before)
+
+
+def test_no_migration_drops_or_changes_a_function_of_the_previous_release(deployed: Deployed) -> None:
+    after = functions(deployed.database.admin_dsn)
+    gone = sorted(f for f in deployed.functions_before - after if f[0] not in CONTRACTED)
+    assert not gone, (
+        f"Functions of the previous release ({PREVIOUS_RELEASE[:12]}) are gone or changed (signature, "
+        f"result or who may execute them): {gone}. Its workers still call them during a rolling deploy: "
+        "keep them (a new name or an overload for the new behaviour) and drop them one release later "
+        "(list them in CONTRACTED then). See docs/operations/deploying.md."
+    )
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster(deployed: Deployed) -> AsyncIterator[Cluster]:
+    async with cluster_of(deployed.database) as cluster:
+        cluster.releases["old"] = deployed.previous
+        await asyncio.gather(cluster.worker("old"), cluster.worker("new"))
+        yield cluster
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_turn_of_a_previous_release_worker_streams_to_a_reader_on_this_release(
+    cluster: Cluster,
+) -> None:
+    old, new = await cluster.worker("old"), await cluster.worker("new")
+    user, conversation = str(uuid.uuid4()), str(uuid.uuid4())
+    posted = await post_turn(cluster, old, user, conversation, [user_message(f"turn {conversation}")])
+    await until(lambda: cluster.count(conversation, "model:turn:0"))
+    resumed = await resumed_stream(cluster, new, user, conversation)  # a reload served by the new release
+    status, chunks = await posted
+    assert status == 200 and chunks[-1]["type"] == "finish"
+    reply = await check_turn(cluster, conversation, resumed, tool_ran=True)
+    assert {executor for _, executor in cluster.effects(conversation)} == {old.executor}
+    assert assemble_ui_messages(chunks, cluster.messages(conversation)[:1])[-1] == reply
+    await next_turn(cluster, new, user, conversation)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_turn_of_a_previous_release_worker_killed_midstream_is_finished_by_this_release(
+    cluster: Cluster,
+) -> None:
+    old, new = await cluster.worker("old"), await cluster.worker("new")
+    user, conversation = str(uuid.uuid4()), str(uuid.uuid4())
+    posted = await post_turn(cluster, old, user, conversation, [user_message(f"turn {conversation}")])
+    killed_at = await kill_at(cluster, old, conversation, "model:turn:0", 5)
+    cluster.restart_soon("old")
+    resuming = asyncio.ensure_future(resumed_stream(cluster, new, user, conversation))
+    await taken_over(cluster, conversation, old, killed_at)
+    status, chunks = await posted
+    assert status == -1 and chunks  # the previous release's worker streamed the turn until it died
+    await check_turn(cluster, conversation, await resuming, tool_ran=True)
+    assert cluster.count(conversation, "tool:done") == 1
+    await next_turn(cluster, new, user, conversation)
+    await next_turn(cluster, await cluster.worker("old"), user, conversation)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_an_approval_asked_by_the_previous_release_is_continued_by_this_one_and_taken_back(
+    cluster: Cluster,
+) -> None:
+    """The previous release asks for an approval; this release runs the approved continuation and is
+    killed in it; the previous release takes the continuation over and finishes it."""
+    old, new = await cluster.worker("old"), await cluster.worker("new")
+    user, conversation = str(uuid.uuid4()), str(uuid.uuid4())
+    status, chunks = await (
+        await post_turn(cluster, old, user, conversation, [user_message(f"approve {conversation}")])
+    )
+    assert status == 200 and "tool-approval-request" in [c["type"] for c in chunks]
+    assert await settled(cluster, conversation) == "waiting_for_approval"
+    answered = cluster.messages(conversation)
+    pending = tool_part(answered[1])
+    assert pending["state"] == "approval-requested"
+    pending["state"] = "approval-responded"
+    pending["approval"]["approved"] = True
+    posted = await post_turn(cluster, new, user, conversation, answered)
+    killed_at = await kill_at(cluster, new, conversation, "model:approve:1", 4)
+    resuming = asyncio.ensure_future(resumed_stream(cluster, old, user, conversation))
+    await taken_over(cluster, conversation, new, killed_at)
+    await posted
+    reply = await check_turn(
+        cluster, conversation, await resuming, tool_ran=True, kind="approve", history=answered
+    )
+    assert reply["id"] == answered[1]["id"]
+    assert cluster.count(conversation, "approved:done") == 1
+    executors = {executor for kind, executor in cluster.effects(conversation) if kind == "model:approve:1"}
+    assert executors == {old.executor, new.executor}  # each release asked for the continuation
+    await until(lambda: (run := cluster.run(conversation)) and run[1] == "completed")
+    await next_turn(cluster, old, user, conversation)
