@@ -6,16 +6,18 @@ previous release (`PREVIOUS_RELEASE`, a commit of `main`) with `git archive`; it
 that tree (`PYTHONPATH`) on this checkout's virtual environment. Without the repository's history (a
 shallow clone, or a source archive) there is nothing to extract, and the tests that need it say so.
 
-When a release is cut, `PREVIOUS_RELEASE` moves to it (see docs/operations/deploying.md).
+When a release is cut, `PREVIOUS_RELEASE` moves to it (see docs/rolling-deploys.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -24,13 +26,15 @@ ROOT: Final = Path(__file__).resolve().parent.parent
 PREVIOUS_RELEASE: Final = "237b14018d50aa14625f9a9ce899ffea595501e6"
 
 # Every migration of every component, as the assistant applies them (`bastion migrate` applies the
-# framework's; the assistant adds memory, the inbox, the hooks, the chat tables and its own).
+# framework's; the assistant adds memory, the inbox, the hooks, the chat tables and its own), once per
+# line read: a release's migrations, applied again later, in one process (its imports take seconds).
 _MIGRATE = """
 import asyncio, sys
 from bastion.assistant.database import Database, migrate
 dsn = sys.argv[1]
-applied = asyncio.run(migrate(Database(app_conninfo=dsn, admin_conninfo=dsn), grant_app_role=False))
-print(" ".join(version.replace(" ", ":") for version in applied))
+for _ in sys.stdin:
+    applied = asyncio.run(migrate(Database(app_conninfo=dsn, admin_conninfo=dsn), grant_app_role=False))
+    print(" ".join(version.replace(" ", ":") for version in applied), flush=True)
 """
 
 
@@ -75,17 +79,32 @@ def release_env(tree: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{tree / 'src'}:{tree}"}
 
 
-def migrate_with(tree: Path, dsn: str) -> list[str]:
-    """Apply the migrations of the release in `tree` to `dsn` (as its owner), in a process of its own;
-    the versions applied, as `component version`."""
-    done = subprocess.run(
+@contextlib.contextmanager
+def migrator(tree: Path, dsn: str) -> Iterator[Callable[[], list[str]]]:
+    """Apply the migrations of the release in `tree` to `dsn` (as its owner) each time the callable is
+    called, in a process of its own; it returns the versions applied, as `component:version`."""
+    with subprocess.Popen(
         [sys.executable, "-c", _MIGRATE, dsn],
         cwd=tree,
         env=release_env(tree),
-        capture_output=True,
-        check=False,
-        timeout=120,
-    )
-    if done.returncode != 0:
-        raise AssertionError(f"Migrating with {tree.name} failed: {done.stderr.decode(errors='replace')}")
-    return done.stdout.decode().split()
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+        stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
+
+        def migrate() -> list[str]:
+            stdin.write("\n")
+            stdin.flush()
+            line = stdout.readline()
+            if not line:
+                raise AssertionError(f"Migrating with {tree.name} failed: {stderr.read()}")
+            return line.split()
+
+        try:
+            yield migrate
+        finally:
+            stdin.close()
+            process.wait(timeout=60)

@@ -29,7 +29,7 @@ from tests.pg import PostgresCluster
 from tests.previous_release import (
     PREVIOUS_RELEASE,
     PreviousReleaseUnavailable,
-    migrate_with,
+    migrator,
     previous_release_tree,
 )
 from tests.test_durable_turns import check_turn, kill_at, next_turn, settled, taken_over, tool_part
@@ -58,6 +58,9 @@ class Deployed:
     database: MigratedDatabase
     previous: Path
     functions_before: Functions
+    # What the previous release's migrations applied once this release's had: a worker of the previous
+    # release started during the deploy migrates as it starts (`bastion serve` does).
+    applied_again: list[str]
 
 
 def functions(dsn: str) -> Functions:
@@ -73,13 +76,15 @@ def deployed(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFacto
         pytest.skip(f"The rolling-deploy tests need the previous release from git: {reason}.")
     name = pg_cluster.database("rolling")
     dsn = pg_cluster.dsn(name)
-    assert "bastion:0010" in migrate_with(previous, dsn)
-    before = functions(dsn)
-    # This release's migrations on top, as its deploy's first step does.
-    assert asyncio.run(migrate(Database(app_conninfo=dsn, admin_conninfo=dsn), grant_app_role=False))
+    with migrator(previous, dsn) as migrate_previous:
+        assert "bastion:0010" in migrate_previous()
+        before = functions(dsn)
+        # This release's migrations on top, as its deploy's first step does.
+        assert asyncio.run(migrate(Database(app_conninfo=dsn, admin_conninfo=dsn), grant_app_role=False))
+        applied_again = migrate_previous()
     pg_cluster.create_login_roles()
     asyncio.run(migrate_durable(dsn, app_role="bastion_app"))
-    return Deployed(MigratedDatabase(pg_cluster, name), previous, before)
+    return Deployed(MigratedDatabase(pg_cluster, name), previous, before, applied_again)
 
 
 def test_no_migration_drops_or_changes_a_function_of_the_previous_release(deployed: Deployed) -> None:
@@ -89,8 +94,9 @@ def test_no_migration_drops_or_changes_a_function_of_the_previous_release(deploy
         f"Functions of the previous release ({PREVIOUS_RELEASE[:12]}) are gone or changed (signature, "
         f"result or who may execute them): {gone}. Its workers still call them during a rolling deploy: "
         "keep them (a new name or an overload for the new behaviour) and drop them one release later "
-        "(list them in CONTRACTED then). See docs/operations/deploying.md."
+        "(list them in CONTRACTED then). See docs/rolling-deploys.md."
     )
+    assert deployed.applied_again == []  # and it refuses nothing newer
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -125,7 +131,9 @@ async def test_a_turn_of_a_previous_release_worker_killed_midstream_is_finished_
     old, new = await cluster.worker("old"), await cluster.worker("new")
     user, conversation = str(uuid.uuid4()), str(uuid.uuid4())
     posted = await post_turn(cluster, old, user, conversation, [user_message(f"turn {conversation}")])
-    killed_at = await kill_at(cluster, old, conversation, "model:turn:0", 5)
+    # Killed in the request after the tool: the tool's call, completed by the previous release, is
+    # replayed from its claim by this one, never run again.
+    killed_at = await kill_at(cluster, old, conversation, "model:turn:1", 5)
     cluster.restart_soon("old")
     resuming = asyncio.ensure_future(resumed_stream(cluster, new, user, conversation))
     await taken_over(cluster, conversation, old, killed_at)
@@ -133,6 +141,10 @@ async def test_a_turn_of_a_previous_release_worker_killed_midstream_is_finished_
     assert status == -1 and chunks  # the previous release's worker streamed the turn until it died
     await check_turn(cluster, conversation, await resuming, tool_ran=True)
     assert cluster.count(conversation, "tool:done") == 1
+    # The releases store finished model requests apart (the previous one in DBOS steps, this one in
+    # `run_steps`), so across releases a take-over asks the model again for the whole turn.
+    asked = (cluster.count(conversation, "model:turn:0"), cluster.count(conversation, "model:turn:1"))
+    assert asked == (2, 2)
     await next_turn(cluster, new, user, conversation)
     await next_turn(cluster, await cluster.worker("old"), user, conversation)
 
