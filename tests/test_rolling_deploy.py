@@ -101,7 +101,7 @@ def test_no_migration_drops_or_changes_a_function_of_the_previous_release(deploy
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def cluster(deployed: Deployed) -> AsyncIterator[Cluster]:
-    async with cluster_of(deployed.database) as cluster:
+    async with cluster_of(deployed.database, delay=0.08) as cluster:
         cluster.releases["old"] = deployed.previous
         await asyncio.gather(cluster.worker("old"), cluster.worker("new"))
         yield cluster
@@ -116,12 +116,29 @@ async def test_a_turn_of_a_previous_release_worker_streams_to_a_reader_on_this_r
     posted = await post_turn(cluster, old, user, conversation, [user_message(f"turn {conversation}")])
     await until(lambda: cluster.count(conversation, "model:turn:0"))
     resumed = await resumed_stream(cluster, new, user, conversation)  # a reload served by the new release
+    assert resumed is not None  # read while the turn ran
     status, chunks = await posted
     assert status == 200 and chunks[-1]["type"] == "finish"
     reply = await check_turn(cluster, conversation, resumed, tool_ran=True)
     assert {executor for _, executor in cluster.effects(conversation)} == {old.executor}
     assert assemble_ui_messages(chunks, cluster.messages(conversation)[:1])[-1] == reply
     await next_turn(cluster, new, user, conversation)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_turn_of_this_release_streams_to_a_reader_on_the_previous_release(cluster: Cluster) -> None:
+    """Step by step rather than chunk by chunk: the previous release's reader does not ask the running
+    worker to write its log live (`follow_run`), so it reads each finished model request."""
+    old, new = await cluster.worker("old"), await cluster.worker("new")
+    user, conversation = str(uuid.uuid4()), str(uuid.uuid4())
+    posted = await post_turn(cluster, new, user, conversation, [user_message(f"turn {conversation}")])
+    await until(lambda: cluster.count(conversation, "model:turn:0"))
+    resumed = await resumed_stream(cluster, old, user, conversation)
+    assert resumed is not None  # read while the turn ran
+    status, chunks = await posted
+    assert status == 200 and chunks[-1]["type"] == "finish"
+    reply = await check_turn(cluster, conversation, resumed, tool_ran=True)
+    assert assemble_ui_messages(chunks, cluster.messages(conversation)[:1])[-1] == reply
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -136,7 +153,8 @@ async def test_a_turn_of_a_previous_release_worker_killed_midstream_is_finished_
     killed_at = await kill_at(cluster, old, conversation, "model:turn:1", 5)
     cluster.restart_soon("old")
     resuming = asyncio.ensure_future(resumed_stream(cluster, new, user, conversation))
-    await taken_over(cluster, conversation, old, killed_at)
+    seconds = await taken_over(cluster, conversation, old, killed_at)
+    print(f"previous release killed, this release took over after {seconds:.2f} s")
     status, chunks = await posted
     assert status == -1 and chunks  # the previous release's worker streamed the turn until it died
     await check_turn(cluster, conversation, await resuming, tool_ran=True)
@@ -170,7 +188,8 @@ async def test_an_approval_asked_by_the_previous_release_is_continued_by_this_on
     posted = await post_turn(cluster, new, user, conversation, answered)
     killed_at = await kill_at(cluster, new, conversation, "model:approve:1", 4)
     resuming = asyncio.ensure_future(resumed_stream(cluster, old, user, conversation))
-    await taken_over(cluster, conversation, new, killed_at)
+    seconds = await taken_over(cluster, conversation, new, killed_at)
+    print(f"this release killed, the previous release took over after {seconds:.2f} s")
     await posted
     reply = await check_turn(
         cluster, conversation, await resuming, tool_ran=True, kind="approve", history=answered
