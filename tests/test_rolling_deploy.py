@@ -34,21 +34,27 @@ from tests.previous_release import (
 )
 from tests.test_durable_turns import check_turn, kill_at, next_turn, settled, taken_over, tool_part
 
-# Functions of the previous release that this release's contract migrations drop on purpose, as
-# `regprocedure` text: each was kept by the previous release only for the release before it.
+# Functions (as `regprocedure` text) and columns (`schema.table.column`) of the previous release that
+# this release's contract migrations drop on purpose: each was kept by the previous release only for the
+# release before it.
 CONTRACTED: frozenset[str] = frozenset()
 
-# Every function outside Postgres's own schemas and DBOS's: its signature, its result, and which of the
-# roles the application and its users act as may execute it.
-FUNCTIONS = """
-select p.oid::regprocedure::text, pg_get_function_result(p.oid),
+# Outside Postgres's own schemas and DBOS's: every function, its result and which of the roles the
+# application and its users act as may execute it; every column of a table or view, and its type.
+SCHEMA = """
+select 'function ' || p.oid::regprocedure::text, pg_get_function_result(p.oid),
        array(select r from unnest(array['anon', 'authenticated', 'bastion_runtime', 'service_role']) r
               where has_function_privilege(r, p.oid, 'execute'))
   from pg_proc p join pg_namespace n on n.oid = p.pronamespace
  where n.nspname not in ('pg_catalog', 'information_schema', 'dbos') and n.nspname not like 'pg\\_%'
+union all
+select 'column ' || c.table_schema || '.' || c.table_name || '.' || c.column_name, c.data_type, '{}'
+  from information_schema.columns c
+ where c.table_schema not in ('pg_catalog', 'information_schema', 'dbos')
 """
 
-Functions = set[tuple[str, str, tuple[str, ...]]]
+# What a worker of a release may use: each object's type (or result) and the roles that may execute it.
+Schema = dict[str, tuple[str, frozenset[str]]]
 
 
 @dataclass(frozen=True)
@@ -57,15 +63,15 @@ class Deployed:
 
     database: MigratedDatabase
     previous: Path
-    functions_before: Functions
+    schema_before: Schema
     # What the previous release's migrations applied once this release's had: a worker of the previous
     # release started during the deploy migrates as it starts (`bastion serve` does).
     applied_again: list[str]
 
 
-def functions(dsn: str) -> Functions:
+def schema(dsn: str) -> Schema:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return {(name, result, tuple(roles)) for name, result, roles in conn.execute(FUNCTIONS)}
+        return {name: (kind, frozenset(roles)) for name, kind, roles in conn.execute(SCHEMA)}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +84,7 @@ def deployed(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFacto
     dsn = pg_cluster.dsn(name)
     with migrator(previous, dsn) as migrate_previous:
         assert "bastion:0010" in migrate_previous()
-        before = functions(dsn)
+        before = schema(dsn)
         # This release's migrations on top, as its deploy's first step does.
         assert asyncio.run(migrate(Database(app_conninfo=dsn, admin_conninfo=dsn), grant_app_role=False))
         applied_again = migrate_previous()
@@ -87,14 +93,19 @@ def deployed(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFacto
     return Deployed(MigratedDatabase(pg_cluster, name), previous, before, applied_again)
 
 
-def test_no_migration_drops_or_changes_a_function_of_the_previous_release(deployed: Deployed) -> None:
-    after = functions(deployed.database.admin_dsn)
-    gone = sorted(f for f in deployed.functions_before - after if f[0] not in CONTRACTED)
+def test_no_migration_drops_or_changes_what_the_previous_release_uses(deployed: Deployed) -> None:
+    after = schema(deployed.database.admin_dsn)
+    gone = sorted(
+        name
+        for name, (kind, roles) in deployed.schema_before.items()
+        if name.split(" ", 1)[1] not in CONTRACTED
+        and (name not in after or after[name][0] != kind or not roles <= after[name][1])
+    )
     assert not gone, (
-        f"Functions of the previous release ({PREVIOUS_RELEASE[:12]}) are gone or changed (signature, "
-        f"result or who may execute them): {gone}. Its workers still call them during a rolling deploy: "
-        "keep them (a new name or an overload for the new behaviour) and drop them one release later "
-        "(list them in CONTRACTED then). See docs/rolling-deploys.md."
+        f"Functions or columns of the previous release ({PREVIOUS_RELEASE[:12]}) are gone or changed "
+        f"(signature, result, type or who may execute them): {gone}. Its workers still use them during a "
+        "rolling deploy: keep them (a new name or an overload for the new behaviour) and drop them one "
+        "release later (list them in CONTRACTED then). See docs/rolling-deploys.md."
     )
     assert deployed.applied_again == []  # and it refuses nothing newer
 
