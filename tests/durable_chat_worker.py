@@ -13,8 +13,9 @@ records its end). `BASTION_TEST_START_DELAY` (seconds) delays building the route
 launched, as a process that registers slowly would: DBOS may hand it recovered turns meanwhile.
 
 `BASTION_TEST_MEMORY=1` adds memory with extraction as a durable job (the database needs memory's
-migrations): a turn whose text is `fact <id>` keeps one fact, slowly, recording `extract:start` and
-`extract:done` around the wait, so a test can kill the worker with the job in flight.
+migrations): a turn whose text is `fact <id>` (or `turn <id>`) keeps one fact, slowly, recording
+`extract:start` and `extract:done` around the wait, so a test can kill the worker with the job in
+flight.
 """
 
 from __future__ import annotations
@@ -139,11 +140,11 @@ def tools(turn: ChatTurn) -> AgentTools:
 
 
 def fact_of(messages: list[dict[str, Any]]) -> str:
-    """The conversation id a `fact <id>` turn names, else ''."""
+    """The conversation id a `fact <id>` or `turn <id>` turn names, else ''."""
     [*_, latest] = [message for message in messages if message["role"] == "user"]
     text = "".join(part.get("text", "") for part in latest["parts"] if part["type"] == "text")
     kind, _, conversation = text.partition(" ")
-    return conversation if kind == "fact" else ""
+    return conversation if kind in ("fact", "turn") else ""
 
 
 async def extract(messages: list[dict[str, Any]], context: Any) -> list[str]:

@@ -250,3 +250,26 @@ async def test_an_extraction_job_whose_worker_is_killed_completes_once_after_a_r
         assert cluster.count(conversation, "extract:done") == 1
         assert facts(jobs_database, user) == [(f"The code word is {conversation}.", "extract", TENANT)]
         assert jobs(jobs_database, run_id) == [(extraction_job_id("default", run_id), "SUCCESS")]
+
+
+async def test_a_turn_saved_by_a_worker_that_died_before_queuing_its_extraction_is_extracted_once(
+    jobs_database: MigratedDatabase,
+) -> None:
+    """The worker dies just after the turn's save, before `after_turn`: the worker that recovers the
+    turn's workflow finds it saved and queues its extraction."""
+    async with cluster_of(jobs_database) as cluster:
+        dying, _ = await asyncio.gather(
+            cluster.start("saver", die="after-save", extra_env=MEMORY),
+            cluster.start("survivor", extra_env=MEMORY),
+        )
+        user, conversation = str(uuid.uuid4()), str(uuid.uuid4())
+        posted = await post_turn(cluster, dying, user, conversation, [user_message(f"turn {conversation}")])
+        status, _ = await posted
+        assert status in (200, -1)
+        await dying.process.wait()
+        run_id = latest_run(jobs_database, conversation)
+        saved = cluster.run(conversation)
+        assert saved is not None and saved[:2] == (run_id, "completed")
+        await until(lambda: status_of(jobs_database, run_id) == "SUCCESS", timeout=40)
+        assert cluster.count(conversation, "extract:done") == 1
+        assert facts(jobs_database, user) == [(f"The code word is {conversation}.", "extract", TENANT)]

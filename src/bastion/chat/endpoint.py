@@ -286,6 +286,20 @@ class ChatEndpoint(Generic[ContextT]):
         chunks = live.follow(identity, current.run_id, reset_step=reset_step)
         return StreamingResponse(_events(chunks), headers=dict(UI_MESSAGE_STREAM_HEADERS))
 
+    async def after_saved_turn(
+        self, turn: ChatTurn, messages: list[dict[str, Any]], response_message: dict[str, Any]
+    ) -> None:
+        """`after_turn` for a completed turn another process saved: a durable turn whose process died
+        between its save and its `after_turn` (an extraction job enqueued already is not enqueued twice)."""
+        if self.after_turn is None:
+            return
+        try:
+            context = await _resolved(self.context(turn))
+        except Exception:
+            logger.exception("Building the context of saved run %s failed; no after_turn.", turn.run_id)
+            return
+        await self._after_turn(turn, _ended_with(messages, response_message), context)
+
     async def _after_turn(self, turn: ChatTurn, messages: list[dict[str, Any]], context: ContextT) -> None:
         """Run `after_turn` for a saved turn: a failure is logged, never the turn's."""
         if self.after_turn is None:
