@@ -1,10 +1,11 @@
 """Memory extraction as a durable job: one job per chat turn (a second enqueue is a no-op), the fact
-stored as the turn's owner, a job that keeps failing ending in DBOS's ERROR (logged, and listed by
-`failed_extractions`), a job whose worker is SIGKILLed finished once by the restarted worker, and
-without a started memory the in-process extraction of before.
+stored as the turn's owner, the job deleted with its conversation, a job that keeps failing ending in
+DBOS's ERROR (logged, and listed by `failed_extractions`), a job whose worker is SIGKILLed finished
+once by the restarted worker, a turn whose worker died between its save and its enqueue still
+extracted once, and without a started memory the in-process extraction of before.
 
 The tests run on a database of their own with bastion's, memory's and DBOS's migrations; the
-in-process ones launch this process's engine on it, the kill test runs `tests.durable_chat_worker`
+in-process ones launch this process's engine on it, the kill tests run `tests.durable_chat_worker`
 processes (with `BASTION_TEST_MEMORY=1`)."""
 
 from __future__ import annotations
@@ -170,6 +171,11 @@ async def test_a_durable_turn_queues_one_extraction_job_whose_fact_is_stored_as_
             "messages", "run_id", "tenant_id", "user_id",
         ]  # fmt: skip
         assert "authenticated" not in json.dumps(job_input)
+        # Deleting the conversation deletes its turns' jobs (their input holds its messages), not the
+        # memories they stored.
+        await store.delete_conversation(owner, conversation)
+        assert jobs(jobs_database, run_id) == []
+        assert facts(jobs_database, user) == [("Prefers green tea.", "extract", TENANT)]
     finally:
         memory.stop()
 
