@@ -15,6 +15,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,6 +35,7 @@ from bastion.memory import (
     failed_extractions,
 )
 from bastion.memory.extraction_jobs import EXTRACTION_WORKFLOW, extraction_job_id
+from bastion.retention import Retention, RetentionPolicy
 from bastion.stores import PostgresStore, StoreIdentity, apply_migrations
 from tests.conftest import MigratedDatabase
 from tests.durable_cluster import cluster_of, post_turn, until, user_message
@@ -218,6 +220,23 @@ async def test_an_extraction_that_keeps_failing_ends_in_error_logged_and_listed(
     gave_up = [r for r in caplog.records if r.levelno == logging.ERROR and job_id in r.getMessage()]
     assert len(gave_up) == 1
     assert "failed 3 times (last: RuntimeError)" in gave_up[0].getMessage()
+    # Kept until retention prunes it with the finished turns (its input holds the turn's messages).
+    retention = Retention(
+        store,
+        conninfo=jobs_database.app_dsn,
+        hooks=False,
+        policy=RetentionPolicy(finished_turns=timedelta(hours=1)),
+    )
+    assert (await retention.run_once()).extraction_jobs == 0
+    assert jobs(jobs_database, run_id) == [(job_id, "ERROR")]
+    retention = Retention(
+        store,
+        conninfo=jobs_database.app_dsn,
+        hooks=False,
+        policy=RetentionPolicy(finished_turns=timedelta(0)),
+    )
+    assert (await retention.run_once()).extraction_jobs >= 1
+    assert jobs(jobs_database, run_id) == []
 
 
 async def test_without_a_started_memory_a_turns_extraction_runs_in_process(
