@@ -16,6 +16,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,6 +25,7 @@ import psycopg
 import pytest
 from dbos import DBOS
 
+from bastion.cli import main
 from bastion.durable import DurableEngine, migrate_durable
 from bastion.memory import (
     AgentMemory,
@@ -119,6 +121,17 @@ def facts(database: MigratedDatabase, user: str) -> list[tuple[str, str, str]]:
     return [(content, source, tenant) for content, source, tenant in rows]
 
 
+def failures_printed(database: MigratedDatabase, data_dir: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """What `bastion memory failures` prints for the database."""
+    env = {"DATABASE_URL": database.admin_dsn, "BASTION_APP_DATABASE_URL": database.app_dsn}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        capsys.readouterr()
+        assert main(["memory", "failures", "--data-dir", str(data_dir)]) == 0
+    return capsys.readouterr().out
+
+
 async def chat(url: str, project: Project, user: str, conversation: str, text: str) -> None:
     body = {"id": conversation, "messages": [user_message(text)], "trigger": "submit-message"}
     async with httpx2.AsyncClient(timeout=30) as http:
@@ -187,6 +200,8 @@ async def test_an_extraction_that_keeps_failing_ends_in_error_logged_and_listed(
     store: PostgresStore,
     engine: DurableEngine,
     caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     attempts: list[float] = []
 
@@ -213,13 +228,16 @@ async def test_an_extraction_that_keeps_failing_ends_in_error_logged_and_listed(
     assert attempts[2] - attempts[1] >= 0.2
     assert facts(jobs_database, user) == []
     job_id = extraction_job_id("default", run_id)
-    failed = {item.workflow_id: item for item in await failed_extractions(store)}
+    failed = {item.workflow_id: item for item in await failed_extractions(store.pool)}
     assert failed[job_id].run_id == run_id
     assert failed[job_id].memory == "default"
     assert failed[job_id].status == "ERROR"
     gave_up = [r for r in caplog.records if r.levelno == logging.ERROR and job_id in r.getMessage()]
     assert len(gave_up) == 1
     assert "failed 3 times (last: RuntimeError)" in gave_up[0].getMessage()
+    # `bastion memory failures` prints it for an operator.
+    printed = await asyncio.to_thread(failures_printed, jobs_database, tmp_path, capsys)
+    assert f"ERROR  memory=default  run={run_id}" in printed
     # Kept until retention prunes it with the finished turns (its input holds the turn's messages).
     retention = Retention(
         store,

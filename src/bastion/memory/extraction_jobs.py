@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from bastion.stores import PostgresStore, StoreIdentity
+from bastion.stores import StoreIdentity
+from bastion.stores._postgres_connection import Pool
 
 __all__ = [
     "EXTRACTION_QUEUE",
@@ -95,11 +96,15 @@ class FailedExtraction:
     ended_at: datetime
 
 
-async def failed_extractions(store: PostgresStore, *, limit: int = 100) -> list[FailedExtraction]:
-    """The extraction jobs that ended in an error (or that DBOS gave up recovering), latest first.
-
-    Reads DBOS's schema as the application's role (`migrate_durable(app_role=...)` grants it)."""
-    async with store.pool.connection() as conn:
+async def failed_extractions(pool: Pool, *, limit: int = 100) -> list[FailedExtraction]:
+    """The extraction jobs that ended in an error (or that DBOS gave up recovering), latest first;
+    none without DBOS's schema. `pool` connects as the application's role (`store.pool`), which
+    `migrate_durable(app_role=...)` lets read DBOS's schema. `bastion memory failures` prints them."""
+    async with pool.connection() as conn:
+        cursor = await conn.execute("select to_regclass('dbos.workflow_status') is not null")
+        found = await cursor.fetchone()
+        if not (found and found[0]):
+            return []
         params = {"name": EXTRACTION_WORKFLOW, "statuses": list(_ENDED_IN_ERROR), "limit": limit}
         cursor = await conn.execute(_FAILED, params)
         rows = await cursor.fetchall()
