@@ -76,7 +76,13 @@ class Cluster:
         return {"Authorization": f"Bearer {token}"}
 
     async def start(
-        self, name: str, *, die: str | None = None, start_delay: float = 0.0, pool_timeout: float = 30.0
+        self,
+        name: str,
+        *,
+        die: str | None = None,
+        start_delay: float = 0.0,
+        pool_timeout: float = 30.0,
+        extra_env: dict[str, str] | None = None,
     ) -> Worker:
         port = free_port()
         root = self.releases.get(name, ROOT)
@@ -90,6 +96,7 @@ class Cluster:
             "BASTION_EXECUTOR_ID": f"{name}-{uuid.uuid4().hex[:8]}",
             "BASTION_TEST_START_DELAY": str(start_delay),
             "BASTION_TEST_POOL_TIMEOUT": str(pool_timeout),
+            **(extra_env or {}),
         }
         env.pop("BASTION_TEST_DIE", None)
         if die is not None:
