@@ -25,8 +25,8 @@ try:
 except ImportError as error:
     raise missing_extra("bastion.durable", "durable", error) from error
 
+from bastion._extraction_names import EXTRACTION_QUEUE, EXTRACTION_WORKFLOW, extraction_job_id
 from bastion.durable._ready import REGISTRATION_WAIT_SECONDS, registered
-from bastion.memory.extraction_jobs import EXTRACTION_QUEUE, EXTRACTION_WORKFLOW, extraction_job_id
 
 __all__ = [
     "EXTRACTIONS",

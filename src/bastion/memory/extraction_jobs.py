@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from bastion._extraction_names import EXTRACTION_QUEUE, EXTRACTION_WORKFLOW, extraction_job_id
 from bastion.stores import StoreIdentity
 from bastion.stores._postgres_connection import Pool
 
@@ -31,8 +32,6 @@ __all__ = [
     "failed_extractions",
 ]
 
-EXTRACTION_WORKFLOW: Final = "bastion.memory.extract"
-EXTRACTION_QUEUE: Final = "bastion.memory.extraction"
 _ENDED_IN_ERROR: Final = ("ERROR", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
 _FAILED: Final = """
 select workflow_uuid, status, to_timestamp(updated_at / 1000.0)
@@ -41,11 +40,6 @@ select workflow_uuid, status, to_timestamp(updated_at / 1000.0)
  order by updated_at desc
  limit %(limit)s
 """
-
-
-def extraction_job_id(memory: str, run_id: str) -> str:
-    """The extraction job of a turn's run: one per memory and run, whoever enqueues it."""
-    return f"{EXTRACTION_WORKFLOW}:{memory}:{run_id}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
