@@ -11,6 +11,7 @@ tool that needs approval), anything else one short text step.
 `before-save` (just before the turn's save) or `after-save` (just after it, before the workflow
 records its end). `BASTION_TEST_START_DELAY` (seconds) delays building the routes after the engine
 launched, as a process that registers slowly would: DBOS may hand it recovered turns meanwhile.
+SIGTERM drains the worker (`bastion.draining_server`) for `BASTION_TEST_DRAIN_SECONDS` (default 5).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from bastion import AgentTools, define_agent, tool
 from bastion.auth import SupabaseEnv
 from bastion.chat.endpoint import chat_routes
 from bastion.chat.turn import ChatTurn
+from bastion.drain import Drain
+from bastion.draining_server import DrainingServer
 from bastion.durable import DurableEngine
 from bastion.stores import PostgresStore
 from bastion.stores.postgres import PostgresAgentPersistence
@@ -162,13 +165,22 @@ async def main(port: int) -> None:
     await asyncio.sleep(float(os.environ.get("BASTION_TEST_START_DELAY", "0")))
     agent = define_agent(name="durable-test", instructions="Answer.", tools=tools)
     model = FunctionModel(stream_function=scripted)
+    drain = Drain()
     routes = chat_routes(
-        agent=agent, store=store, model=model, context=lambda turn: turn, durable=engine, stop_wait_seconds=5
+        agent=agent,
+        store=store,
+        model=model,
+        context=lambda turn: turn,
+        durable=engine,
+        stop_wait_seconds=5,
+        drain=drain,
     )
     env = SupabaseEnv(url=PROJECT_URL, jwks=json.loads(os.environ["BASTION_TEST_JWKS"]))
-    app = create_agent_worker(env=env, routes=routes)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    app = create_agent_worker(env=env, routes=[*routes, drain.ready_route()])
+    server = DrainingServer(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"),
+        drain=drain,
+        seconds=float(os.environ.get("BASTION_TEST_DRAIN_SECONDS", "5")),
     )
     serving = asyncio.ensure_future(server.serve())
     while not server.started:

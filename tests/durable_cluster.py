@@ -74,7 +74,13 @@ class Cluster:
         return {"Authorization": f"Bearer {token}"}
 
     async def start(
-        self, name: str, *, die: str | None = None, start_delay: float = 0.0, pool_timeout: float = 30.0
+        self,
+        name: str,
+        *,
+        die: str | None = None,
+        start_delay: float = 0.0,
+        pool_timeout: float = 30.0,
+        drain_seconds: float | None = None,
     ) -> Worker:
         port = free_port()
         env = {
@@ -89,6 +95,9 @@ class Cluster:
             "BASTION_TEST_POOL_TIMEOUT": str(pool_timeout),
         }
         env.pop("BASTION_TEST_DIE", None)
+        env.pop("BASTION_TEST_DRAIN_SECONDS", None)
+        if drain_seconds is not None:
+            env["BASTION_TEST_DRAIN_SECONDS"] = str(drain_seconds)
         if die is not None:
             env["BASTION_TEST_DIE"] = die
         log = self.log_dir / f"{env['BASTION_EXECUTOR_ID']}.log" if self.log_dir else Path(os.devnull)
