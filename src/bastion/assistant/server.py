@@ -208,7 +208,10 @@ async def serve(config: AssistantConfig, *, progress: Progress) -> None:
 
         def abandon(left: int) -> None:
             progress(f"{left} turn(s) still running after {config.drain_seconds:g} s: left to other workers.")
-            running.database.close()  # an embedded database stops with the server, whatever the stop
+            # The process is leaving as if it died: what its threads (DBOS's) would log about the
+            # embedded database going away is noise. That database stops with the server, as always.
+            logging.disable(logging.CRITICAL)
+            running.database.close()
             leave_running_turns(left)
 
         server = DrainingServer(
