@@ -41,7 +41,7 @@ async def readiness(worker: Worker) -> tuple[int, dict[str, str]]:
 
 
 async def test_a_stopping_worker_finishes_its_turn_refuses_new_ones_then_exits(cluster: Cluster) -> None:
-    stopping = await cluster.start("stopping", drain_seconds=45)
+    stopping = await cluster.start("stopping", extra_env={"BASTION_TEST_DRAIN_SECONDS": "45"})
     assert await readiness(stopping) == (200, {"status": "ready"})
     user, conversation = str(uuid.uuid4()), str(uuid.uuid4())
     posted = await post_turn(cluster, stopping, user, conversation, [user_message(f"turn {conversation}")])
@@ -76,7 +76,7 @@ async def test_a_stopping_worker_finishes_its_turn_refuses_new_ones_then_exits(c
 
 async def test_a_turn_still_running_at_the_deadline_is_finished_by_another_worker(cluster: Cluster) -> None:
     staying = await cluster.worker("staying")
-    stopping = await cluster.start("leaving", drain_seconds=0.5)
+    stopping = await cluster.start("leaving", extra_env={"BASTION_TEST_DRAIN_SECONDS": "0.5"})
     user, conversation = str(uuid.uuid4()), str(uuid.uuid4())
     posted = await post_turn(cluster, stopping, user, conversation, [user_message(f"turn {conversation}")])
     await until(lambda: cluster.count(conversation, "model:turn:0") > 0)

@@ -112,8 +112,10 @@ class Drain:
     async def wait(self, timeout: float) -> int:
         """Wait up to `timeout` seconds for the running turns to end; how many are still running."""
         if timeout > 0 and self._running:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for may swallow a cancellation.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._idle.wait()
         return self._running
 
     async def __call__(self, timeout: float = DEFAULT_DRAIN_SECONDS) -> int:

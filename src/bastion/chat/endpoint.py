@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from bastion.durable import DurableEngine
 
 __all__ = [
+    "AfterTurn",
     "ChatEndpoint",
     "ChatStore",
     "ContextFactory",
@@ -71,6 +72,9 @@ _SETTLE_POLL_SECONDS: Final = 0.05
 
 
 ContextFactory: TypeAlias = Callable[[ChatTurn], "ContextT | Awaitable[ContextT]"]
+AfterTurn: TypeAlias = Callable[[ChatTurn, list[dict[str, Any]], "ContextT"], Awaitable[None]]
+"""`after_turn(turn, messages, context)`: called once a turn completed and was saved, with the
+conversation's messages as the turn ended (`AgentMemory.after_chat_turn` enqueues extraction)."""
 ModelChoice: TypeAlias = "Model | KnownModelName | str"
 
 
@@ -116,6 +120,7 @@ class ChatEndpoint(Generic[ContextT]):
         durable: DurableEngine | None = None,
         durable_name: str | None = None,
         drain: Drain | None = None,
+        after_turn: AfterTurn[ContextT] | None = None,
     ) -> None:
         self.agent = agent
         self.store = store
@@ -129,6 +134,7 @@ class ChatEndpoint(Generic[ContextT]):
         self.usage_metadata = usage_metadata
         # Counts this endpoint's turns and refuses new ones once the process is stopping.
         self.drain = drain if drain is not None else Drain()
+        self.after_turn = after_turn
         self.live: LiveTurns | None = store.live_turns() if isinstance(store, LiveTurnStore) else None
         self.durable: DurableTurns | None = None
         if durable is not None:
@@ -226,6 +232,8 @@ class ChatEndpoint(Generic[ContextT]):
 
         async def on_finish(*, response_message: dict[str, Any], status: StreamStatus) -> None:
             await run.finish(response_message=response_message, status=status)
+            if status == "completed":
+                await self._after_turn(turn, _ended_with(run.messages, response_message), agent_context)
 
         async def on_settled(*, status: StreamStatus) -> None:
             try:
@@ -292,6 +300,29 @@ class ChatEndpoint(Generic[ContextT]):
         reset_step = query.resetStep == "1"
         chunks = live.follow(identity, current.run_id, reset_step=reset_step)
         return StreamingResponse(_events(chunks), headers=dict(UI_MESSAGE_STREAM_HEADERS))
+
+    async def after_saved_turn(
+        self, turn: ChatTurn, messages: list[dict[str, Any]], response_message: dict[str, Any]
+    ) -> None:
+        """`after_turn` for a completed turn another process saved: a durable turn whose process died
+        between its save and its `after_turn` (an extraction job enqueued already is not enqueued twice)."""
+        if self.after_turn is None:
+            return
+        try:
+            context = await _resolved(self.context(turn))
+        except Exception:
+            logger.exception("Building the context of saved run %s failed; no after_turn.", turn.run_id)
+            return
+        await self._after_turn(turn, _ended_with(messages, response_message), context)
+
+    async def _after_turn(self, turn: ChatTurn, messages: list[dict[str, Any]], context: ContextT) -> None:
+        """Run `after_turn` for a saved turn: a failure is logged, never the turn's."""
+        if self.after_turn is None:
+            return
+        try:
+            await self.after_turn(turn, messages, context)
+        except Exception:
+            logger.exception("after_turn failed for run %s; the turn is saved.", turn.run_id)
 
     def _live(self) -> LiveTurns:
         if self.live is None:
@@ -371,6 +402,7 @@ def chat_routes(
     durable: DurableEngine | None = None,
     durable_name: str | None = None,
     drain: Drain | None = None,
+    after_turn: AfterTurn[ContextT] | None = None,
 ) -> list[Route]:
     """The chat routes of `agent` over `store`, for `create_agent_worker(routes=...)`.
 
@@ -390,6 +422,10 @@ def chat_routes(
     `drain` (a `bastion.drain.Drain`, shared with the process's other endpoints and its `GET /ready`)
     counts the turns and, once started, refuses new ones with 503 `draining`, for a worker that stops
     without cutting replies short (`bastion.draining_server`).
+
+    `after_turn(turn, messages, context)` runs once a turn completed and was saved, before the turn
+    settles (a durable turn's workflow still covers it), in the process that finished the turn; it
+    never fails the turn. `AgentMemory.after_chat_turn` queues the turn's memory extraction there.
     """
     return ChatEndpoint(
         agent=agent,
@@ -406,7 +442,15 @@ def chat_routes(
         durable=durable,
         durable_name=durable_name,
         drain=drain,
+        after_turn=after_turn,
     ).routes()
+
+
+def _ended_with(messages: list[dict[str, Any]], response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation's messages with the turn's response: replacing the message it continued (an
+    approval's answer continues the assistant's message), else after them."""
+    kept = [message for message in messages if message.get("id") != response.get("id")]
+    return [*kept, response]
 
 
 async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
