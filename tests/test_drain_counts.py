@@ -114,3 +114,12 @@ async def test_a_turn_refused_or_failed_before_it_streams_is_no_longer_counted(s
         assert (await turn).status_code == 200
     assert drain.running == 0
     assert await drain(0) == 0
+
+
+async def test_a_drain_tells_what_registered_once_it_starts_and_only_once() -> None:
+    drain, told = Drain(), []
+    drain.on_start(lambda: told.append("engine"))
+    assert await drain.wait(1) == 0 and told == []  # waiting alone does not start it
+    assert await drain(0) == 0
+    drain.start()
+    assert told == ["engine"] and drain.draining
