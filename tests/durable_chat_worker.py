@@ -11,6 +11,7 @@ tool that needs approval), anything else one short text step.
 `before-save` (just before the turn's save) or `after-save` (just after it, before the workflow
 records its end). `BASTION_TEST_START_DELAY` (seconds) delays building the routes after the engine
 launched, as a process that registers slowly would: DBOS may hand it recovered turns meanwhile.
+SIGTERM drains the worker (`bastion.draining_server`) for `BASTION_TEST_DRAIN_SECONDS` (default 5).
 
 `BASTION_TEST_MEMORY=1` adds memory with extraction as a durable job (the database needs memory's
 migrations): a turn whose text is `fact <id>` (or `turn <id>`) keeps one fact, slowly, recording
@@ -37,6 +38,8 @@ from bastion import AgentTools, define_agent, tool
 from bastion.auth import SupabaseEnv
 from bastion.chat.endpoint import chat_routes
 from bastion.chat.turn import ChatTurn
+from bastion.drain import Drain
+from bastion.draining_server import DrainingServer
 from bastion.durable import DurableEngine
 from bastion.memory import AgentMemory, HashingEmbedder, PostgresMemoryStore, define_memory
 from bastion.stores import PostgresStore
@@ -199,6 +202,7 @@ async def main(port: int) -> None:
     await asyncio.sleep(float(os.environ.get("BASTION_TEST_START_DELAY", "0")))
     agent = define_agent(name="durable-test", instructions="Answer.", tools=tools)
     model = FunctionModel(stream_function=scripted)
+    drain = Drain()
     memory = await durable_memory(store, engine) if os.environ.get("BASTION_TEST_MEMORY") else None
     routes = chat_routes(
         agent=agent,
@@ -207,12 +211,15 @@ async def main(port: int) -> None:
         context=lambda turn: turn,
         durable=engine,
         stop_wait_seconds=5,
+        drain=drain,
         after_turn=memory.after_chat_turn if memory is not None else None,
     )
     env = SupabaseEnv(url=PROJECT_URL, jwks=json.loads(os.environ["BASTION_TEST_JWKS"]))
-    app = create_agent_worker(env=env, routes=routes)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    app = create_agent_worker(env=env, routes=[*routes, drain.ready_route()])
+    server = DrainingServer(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"),
+        drain=drain,
+        seconds=float(os.environ.get("BASTION_TEST_DRAIN_SECONDS", "5")),
     )
     serving = asyncio.ensure_future(server.serve())
     while not server.started:

@@ -149,6 +149,19 @@ async def test_health_and_info_are_public_and_say_the_model_is_a_demo(served: Se
     }
 
 
+async def test_a_stopping_assistant_is_not_ready_and_refuses_a_chat_storing_nothing(served: Served) -> None:
+    headers = await served.sign_in("ada")
+    assert (await served.client.get(f"{served.url}/ready")).json() == {"status": "ready"}
+    served.app.drain.start()  # what SIGTERM does to `bastion serve`
+    ready = await served.client.get(f"{served.url}/ready")
+    assert (ready.status_code, ready.json()["code"], ready.headers["Retry-After"]) == (503, "draining", "1")
+    response = await chat(served, headers, str(uuid.uuid4()), [user_message("hello")])
+    assert (response.status_code, response.json()["code"]) == (503, "draining")
+    listed = await served.client.get(f"{served.url}/api/conversations", headers=headers)
+    assert listed.json()["conversations"] == []
+    assert (await served.client.get(f"{served.url}/health")).json() == {"status": "ok"}  # still alive
+
+
 async def test_api_routes_need_a_token(served: Served) -> None:
     response = await served.client.get(f"{served.url}/api/conversations")
     assert response.status_code == 401

@@ -51,6 +51,8 @@ def test_defaults_need_no_configuration() -> None:
         ({"BASTION_MCP_AUTH": "user"}, "BASTION_MCP_AUTH=user needs BASTION_MCP_URL"),
         ({**USER_MCP, "BASTION_MCP_TOKEN": "app-token"}, "unset one of them"),
         ({"BASTION_RETAIN_EVENTS": "30 days"}, "BASTION_RETAIN_EVENTS must be an age such as 7d"),
+        ({"BASTION_DRAIN_SECONDS": "-1"}, "BASTION_DRAIN_SECONDS must be a number of seconds"),
+        ({"BASTION_DRAIN_SECONDS": "30s"}, "BASTION_DRAIN_SECONDS must be a number of seconds"),
     ],
 )
 def test_bad_settings_name_the_variable_and_the_fix(environ: dict[str, str], says: str) -> None:
@@ -62,6 +64,12 @@ def test_retention_ages_default_and_are_set_by_age() -> None:
     assert AssistantConfig.from_env({}).retain_events == timedelta(days=30)
     config = AssistantConfig.from_env({"BASTION_RETAIN_TURNS": "12h", "BASTION_RETAIN_INBOX_JOBS": "90m"})
     assert (config.retain_turns, config.retain_inbox_jobs) == (timedelta(hours=12), timedelta(minutes=90))
+
+
+def test_the_drain_deadline_defaults_to_thirty_seconds_and_may_be_zero() -> None:
+    assert AssistantConfig.from_env({}).drain_seconds == 30.0
+    assert AssistantConfig.from_env({"BASTION_DRAIN_SECONDS": "0"}).drain_seconds == 0.0
+    assert AssistantConfig.from_env({"BASTION_DRAIN_SECONDS": "12.5"}).drain_seconds == 12.5
 
 
 def test_an_unknown_model_name_says_what_to_use_instead() -> None:

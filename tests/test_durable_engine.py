@@ -116,6 +116,36 @@ async def test_a_dead_workers_workflow_is_finished_by_a_live_one_from_its_last_c
     assert _effects(database, key) == [("first", dead), ("wait", dead), ("wait", "test")]
 
 
+async def test_an_engine_that_stopped_recovering_leaves_a_dead_workers_workflow_to_the_others(
+    effects_tables: MigratedDatabase,
+) -> None:
+    """What a draining worker does: its janitor takes no dead worker's workflow any more."""
+    database = effects_tables
+    key = f"wf-{uuid.uuid4()}"
+    dead = f"dead-{uuid.uuid4().hex[:8]}"
+    worker = await _start_worker(database, key, dead)
+    try:
+        await _until(lambda: ("wait", dead) in _effects(database, key))
+        async with await DurableEngine.launch(database.app_dsn, recovery_interval=0.05) as engine:
+            engine.stop_recovering()
+            worker.send_signal(signal.SIGKILL)
+            await worker.wait()
+            with _admin(database) as conn:
+                conn.execute("insert into public.durable_release values (%s)", (key,))
+            await asyncio.sleep(1.0)  # twenty janitor passes, had it kept looking
+            assert engine.recovered == []
+            status = await DBOS.get_workflow_status_async(key)
+            assert status is not None and (status.status, status.executor_id) == ("PENDING", dead)
+            # Another process's janitor (here, an explicit pass) still finds it.
+            assert await engine.recover_dead_executors() == [dead]
+            handle = await DBOS.retrieve_workflow_async(key)
+            assert await asyncio.wait_for(handle.get_result(), 30) == [f"first:{key}", f"released:{key}"]
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
+
+
 async def test_an_executor_id_held_by_a_live_process_is_refused(migrated_database: MigratedDatabase) -> None:
     executor = f"held-{uuid.uuid4().hex[:8]}"
     with psycopg.connect(migrated_database.app_dsn, autocommit=True) as holder:

@@ -50,14 +50,15 @@ LAYERS: list[set[str]] = [
     # Storage (conversations, runs and their SQL) and the durable engine: nothing of agents or HTTP turns.
     # MCP servers for a turn, with their sign-in routes: above the typed API and the worker, below the
     # stores that keep their pending sign-ins and approved tools.
-    {"bastion.mcp"},
+    # A worker's drain (new turns refused while it stops), over the typed API and the worker too.
+    {"bastion.mcp", "bastion.drain"},
     {"bastion.stores", "bastion.durable", "bastion._turn_plan"},
     {"bastion._loop"},
     {"bastion.agent", "bastion.memory", "bastion.sqlalchemy", "bastion.hooks"},
     {"bastion._assembled_turn"},
     # A turn over HTTP and its orchestration; the inbox; the public facade.
     {"bastion.chat", "bastion.inbox", "bastion"},
-    {"bastion.client", "bastion.retention"},
+    {"bastion.client", "bastion.draining_server", "bastion.retention"},
     {"bastion.assistant"},
     {"bastion.cli"},
 ]

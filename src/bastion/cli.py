@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -112,14 +113,13 @@ def _serve(config: AssistantConfig) -> int:
     from bastion.assistant.server import serve
 
     # `kill` (SIGTERM) and a closed terminal (SIGHUP) stop the server as Ctrl+C does: everything it
-    # started, the embedded database too, is stopped before it exits. (While it serves, uvicorn takes
-    # SIGTERM, shuts down gracefully, then raises it again here.)
+    # started, the embedded database too, is stopped before it exits. (While it serves, SIGTERM first
+    # drains it: `bastion.draining_server`; uvicorn takes SIGINT and SIGHUP and raises them again here.)
     for stop in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, signal.default_int_handler)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(config, progress=_progress))
-    except KeyboardInterrupt:
-        _progress("stopped.")
+    _progress("stopped.")
     return 0
 
 

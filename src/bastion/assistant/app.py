@@ -54,6 +54,7 @@ from bastion.auth import Principal, SupabaseEnv, TokenVerifier
 from bastion.chat.conversations import conversation_routes
 from bastion.chat.endpoint import ChatEndpoint
 from bastion.chat.turn import ChatTurn
+from bastion.drain import Drain
 from bastion.durable import DurableEngine
 from bastion.inbox import ContactTokens, InboxChannels, InboxReplies, PostgresInbox, inbox_routes
 from bastion.memory import (
@@ -103,6 +104,7 @@ class AssistantApp:
     inbox_token_secret: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
     inbox_channels: InboxChannels = field(default_factory=InboxChannels)
     durable: DurableEngine | None = None
+    drain: Drain = field(default_factory=Drain)
     agent: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -125,6 +127,7 @@ class AssistantApp:
             usage_metadata=True,
             durable=self.durable,
             durable_name="assistant",
+            drain=self.drain,
         )
         self.persistence = self.chat.persistence
         # The support inbox: its bot's replies run as durable jobs once `inbox_replies.start(engine)`.
@@ -208,7 +211,7 @@ class AssistantApp:
 
     @operation(responses={200: Health})
     async def health(self, request: Request, context: RequestContext) -> Response:
-        """Whether the server is up."""
+        """Whether the server is up (liveness: still 200 while it stops; `GET /ready` is readiness)."""
         return json_response(Health(status="ok"))
 
     @operation(responses={200: Info})
@@ -408,6 +411,7 @@ def build_routes(app: AssistantApp) -> list[Route]:
         Route(method="PUT", path="/api/connections/mcp", auth="user", handler=app.connect),
         Route(method="DELETE", path="/api/connections/mcp", auth="user", handler=app.disconnect),
         Route(method="GET", path="/health", auth="none", handler=app.health),
+        app.drain.ready_route(),
         Route(method="GET", path="/api/info", auth="none", handler=app.info),
         Route(method="GET", path="/api/openapi.json", auth="none", handler=app.openapi),
         Route(method="GET", path="/openapi.json", auth="none", handler=app.openapi),

@@ -28,6 +28,8 @@ MCP_AUTH_MODES = ("app", "user")
 DEFAULT_RETAIN_TURNS = timedelta(days=7)
 DEFAULT_RETAIN_INBOX_JOBS = timedelta(days=7)
 DEFAULT_RETAIN_EVENTS = timedelta(days=30)
+# How long a server told to stop (SIGTERM) lets its running turns finish (see bastion.drain).
+DEFAULT_DRAIN_SECONDS = 30.0
 
 
 class ConfigError(ValueError):
@@ -70,6 +72,7 @@ class AssistantConfig:
     retain_turns: timedelta = DEFAULT_RETAIN_TURNS
     retain_inbox_jobs: timedelta = DEFAULT_RETAIN_INBOX_JOBS
     retain_events: timedelta = DEFAULT_RETAIN_EVENTS
+    drain_seconds: float = DEFAULT_DRAIN_SECONDS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> AssistantConfig:
@@ -119,6 +122,9 @@ class AssistantConfig:
             or DEFAULT_RETAIN_INBOX_JOBS,
             "retain_events": _age("BASTION_RETAIN_EVENTS", text("BASTION_RETAIN_EVENTS"))
             or DEFAULT_RETAIN_EVENTS,
+            "drain_seconds": _seconds(
+                "BASTION_DRAIN_SECONDS", text("BASTION_DRAIN_SECONDS"), DEFAULT_DRAIN_SECONDS
+            ),
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         config = cls(**values)  # type: ignore[arg-type]
@@ -214,6 +220,18 @@ def _age(name: str, value: str | None) -> timedelta | None:
         return parse_age(value)
     except ValueError:
         raise ConfigError(f"{name} must be an age such as 7d, 12h, 45m or 90s, not {value!r}.") from None
+
+
+def _seconds(name: str, value: str | None, default: float) -> float:
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise ConfigError(f"{name} must be a number of seconds (0 or more), not {value!r}.")
+    return seconds
 
 
 def _positive_int(name: str, value: str | None) -> int | None:

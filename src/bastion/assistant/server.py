@@ -29,6 +29,7 @@ from bastion.assistant.remote import (
 )
 from bastion.assistant.support import inbox_settings
 from bastion.auth import SupabaseEnv
+from bastion.draining_server import DrainingServer, leave_running_turns
 from bastion.durable import DurableEngine
 from bastion.hooks import HookDelivery
 from bastion.retention import Retention, RetentionPolicy
@@ -195,7 +196,8 @@ def _check_port_free(host: str, port: int) -> None:
 
 
 async def serve(config: AssistantConfig, *, progress: Progress) -> None:
-    """Run the assistant until interrupted."""
+    """Run the assistant until interrupted. SIGTERM drains first: no new turn, the running ones get
+    `config.drain_seconds` to finish, and those left then are taken over by another worker."""
     _check_port_free(config.host, config.port)
     async with running_assistant(config, progress=progress) as running:
         if running.app.demo:
@@ -203,10 +205,22 @@ async def serve(config: AssistantConfig, *, progress: Progress) -> None:
         if running.app.development_sign_in is not None:
             progress("Development sign-in is on: pick any user name on the page (this machine only).")
         progress(f"bastion assistant at {config.base_url}/  (Ctrl+C to stop)")
-        server = uvicorn.Server(
+
+        def abandon(left: int) -> None:
+            progress(f"{left} turn(s) still running after {config.drain_seconds:g} s: left to other workers.")
+            # The process is leaving as if it died: what its threads (DBOS's) would log about the
+            # embedded database going away is noise. That database stops with the server, as always.
+            logging.disable(logging.CRITICAL)
+            running.database.close()
+            leave_running_turns(left)
+
+        server = DrainingServer(
             uvicorn.Config(
                 running.asgi, host=config.host, port=config.port, log_level="warning", lifespan="off"
-            )
+            ),
+            drain=running.app.drain,
+            seconds=config.drain_seconds,
+            abandon=abandon,
         )
         await server.serve()
 

@@ -29,6 +29,7 @@ from starlette.responses import Response, StreamingResponse
 
 from bastion.agent import Agent
 from bastion.api import EventStream, StrictModel, json_response, operation
+from bastion.auth import Principal
 from bastion.chat.request import UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END, ChatRequest
 from bastion.chat.stream_response import (
     UI_MESSAGE_STREAM_HEADERS,
@@ -37,6 +38,7 @@ from bastion.chat.stream_response import (
     create_agent_stream_response,
 )
 from bastion.chat.turn import ChatTurn, DurableTurnHooks
+from bastion.drain import Drain
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
 from bastion.stores._turns import check_storable_message
@@ -117,6 +119,7 @@ class ChatEndpoint(Generic[ContextT]):
         usage_metadata: bool = False,
         durable: DurableEngine | None = None,
         durable_name: str | None = None,
+        drain: Drain | None = None,
         after_turn: AfterTurn[ContextT] | None = None,
     ) -> None:
         self.agent = agent
@@ -129,6 +132,8 @@ class ChatEndpoint(Generic[ContextT]):
         self.on_error = on_error
         self.stop_wait_seconds = stop_wait_seconds
         self.usage_metadata = usage_metadata
+        # Counts this endpoint's turns and refuses new ones once the process is stopping.
+        self.drain = drain if drain is not None else Drain()
         self.after_turn = after_turn
         self.live: LiveTurns | None = store.live_turns() if isinstance(store, LiveTurnStore) else None
         self.durable: DurableTurns | None = None
@@ -136,6 +141,7 @@ class ChatEndpoint(Generic[ContextT]):
             from bastion.chat.durable_turns import DurableTurns
 
             self.durable = DurableTurns(self, durable, name=durable_name)
+            self.drain.on_start(durable.stop_recovering)
 
     def routes(self) -> list[Route]:
         """`POST {path}`: one turn of a conversation, answered with the UI message stream; with a store
@@ -156,11 +162,19 @@ class ChatEndpoint(Generic[ContextT]):
     @operation(
         body=ChatRequest,
         responses={200: EventStream("The AI SDK UI message stream", UI_MESSAGE_CHUNK, UI_MESSAGE_STREAM_END)},
-        errors=(403, 404, 409, 502),
+        errors={403: (), 404: (), 409: (), 502: (), 503: ("draining",)},
     )
     async def chat(self, request: Request, context: RequestContext, *, body: ChatRequest) -> Response:
-        """Run one turn of a conversation and answer with the AI SDK UI message stream."""
+        """Run one turn of a conversation and answer with the AI SDK UI message stream; 503 `draining`
+        (nothing stored) once this worker is stopping."""
         principal = context.require_principal()
+        admitted = self.drain.admit()  # counted until its turn opens, which counts it until it settles
+        try:
+            return await self._chat(principal, body)
+        finally:
+            admitted.release()
+
+    async def _chat(self, principal: Principal, body: ChatRequest) -> Response:
         identity = StoreIdentity.from_principal(principal)
         claim = TurnContext(
             identity=identity, conversation_id=str(uuid.UUID(body.id)), request_id=str(uuid.uuid4())
@@ -187,6 +201,7 @@ class ChatEndpoint(Generic[ContextT]):
         """
         session = None
         held = contextlib.ExitStack()
+        held.callback(self.drain.hold().release)
         stop: asyncio.Event | None = None
         log: ChunkLog | None = None
         try:
@@ -386,6 +401,7 @@ def chat_routes(
     usage_metadata: bool = False,
     durable: DurableEngine | None = None,
     durable_name: str | None = None,
+    drain: Drain | None = None,
     after_turn: AfterTurn[ContextT] | None = None,
 ) -> list[Route]:
     """The chat routes of `agent` over `store`, for `create_agent_worker(routes=...)`.
@@ -402,6 +418,10 @@ def chat_routes(
     a durable workflow: when its process dies, a live one takes it over and finishes it from its
     last completed model request (`durable_name` names the endpoint across processes; default
     from the agent's name and the path). See `bastion.chat.durable_turns`.
+
+    `drain` (a `bastion.drain.Drain`, shared with the process's other endpoints and its `GET /ready`)
+    counts the turns and, once started, refuses new ones with 503 `draining`, for a worker that stops
+    without cutting replies short (`bastion.draining_server`).
 
     `after_turn(turn, messages, context)` runs once a turn completed and was saved, before the turn
     settles (a durable turn's workflow still covers it), in the process that finished the turn; it
@@ -421,6 +441,7 @@ def chat_routes(
         usage_metadata=usage_metadata,
         durable=durable,
         durable_name=durable_name,
+        drain=drain,
         after_turn=after_turn,
     ).routes()
 

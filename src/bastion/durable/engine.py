@@ -198,6 +198,13 @@ class DurableEngine:
         self._liveness = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
         await _try_lock(self._liveness, self.executor_id)
 
+    def stop_recovering(self) -> None:
+        """Stop looking for dead executors (a draining process takes no new work); other processes'
+        janitors still do, and this one's own workflows stay recoverable by them."""
+        janitor, self._janitor = self._janitor, None
+        if janitor is not None:
+            janitor.cancel()
+
     async def close(self) -> None:
         """Stop the janitor, shut DBOS down and release the liveness lock (the process's work is then
         recoverable by any live process)."""
