@@ -1,0 +1,100 @@
+"""The assistant with `BASTION_MCP_AUTH=oauth`: a user signs in to the MCP server from the conversation (the
+Connect card), the server sends the browser back to the assistant's callback page, and the paused turn
+continues with the server's tool; the user's connections are listed and can be disconnected."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import httpx2
+import pytest
+
+from bastion.assistant.config import AssistantConfig, ConfigError
+from tests.oauth_servers import SCOPE, OAuthServers, serve_oauth
+from tests.pg import PostgresCluster
+from tests.scripted import Call, ScriptedModel
+from tests.test_assistant import Served, chat, serve_assistant, stream_chunks, user_message
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[OAuthServers]:
+    with serve_oauth() as running:
+        yield running
+
+
+def oauth_settings(servers: OAuthServers) -> dict[str, Any]:
+    return {"mcp_url": servers.mcp_url, "mcp_tools": ("search",), "mcp_auth": "oauth"}
+
+
+async def stored(served: Served, headers: dict[str, str], conversation: str) -> list[dict[str, Any]]:
+    response = await served.client.get(
+        f"{served.url}/api/conversations/{conversation}/messages", headers=headers
+    )
+    messages: list[dict[str, Any]] = response.json()["messages"]
+    return messages
+
+
+def answered(messages: list[dict[str, Any]], approved: bool = True) -> list[dict[str, Any]]:
+    answer = json.loads(json.dumps(messages))
+    [part] = [p for p in answer[-1]["parts"] if p.get("state") == "approval-requested"]
+    part["state"] = "approval-responded"
+    part["approval"]["approved"] = approved
+    return answer
+
+
+async def test_a_user_connects_from_the_conversation_and_the_turn_goes_on_with_the_servers_tool(
+    pg_cluster: PostgresCluster, tmp_path: Path, servers: OAuthServers
+) -> None:
+    async with serve_assistant(pg_cluster, tmp_path, **oauth_settings(servers)) as served:
+        served.app.active_model = ScriptedModel(
+            [Call("connect_mcp", {})], [Call("mcp__search", {"query": "pricing"})], ["The pricing page."]
+        )
+        ada = await served.sign_in("ada")
+        listed = await served.client.get(f"{served.url}/api/connections", headers=ada)
+        assert listed.json()["connections"][0]["status"] == "not_connected"
+        conversation = str(uuid.uuid4())
+        paused = await chat(served, ada, conversation, [user_message("search the pricing page")])
+        [card] = [c["toolMetadata"]["authorization"] for c in stream_chunks(paused) if "toolMetadata" in c]
+        assert card["connection"] == "mcp"
+
+        async with httpx2.AsyncClient() as browser:
+            at_server = await browser.get(card["url"])
+            back = at_server.headers["location"]
+            assert back.startswith(f"{served.url}/connections/mcp/callback?")
+            page = await browser.get(back, headers={"accept": "text/html"})
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        query = {key: values[0] for key, values in parse_qs(urlparse(back).query).items()}
+        done = await served.client.post(
+            f"{served.url}/api/connections/mcp/oauth/callback",
+            json={"state": query["state"], "code": query["code"]},
+            headers=ada,
+        )
+        assert (done.status_code, done.json()["status"], done.json()["scopes"]) == (200, "connected", [SCOPE])
+
+        connected = await chat(served, ada, conversation, answered(await stored(served, ada, conversation)))
+        assert {"connection": "mcp", "connected": True} in [
+            c.get("output") for c in stream_chunks(connected) if c["type"] == "tool-output-available"
+        ]
+        assert "tool-approval-request" in [c["type"] for c in stream_chunks(connected)]  # the search's own
+        searched = await chat(served, ada, conversation, answered(await stored(served, ada, conversation)))
+        outputs = [c["output"] for c in stream_chunks(searched) if c["type"] == "tool-output-available"]
+        assert outputs == [{"result": "found: pricing"}]
+        assert "The pricing page." in searched.text
+
+        bob = await served.sign_in("bob")
+        theirs = await served.client.get(f"{served.url}/api/connections", headers=bob)
+        assert theirs.json()["connections"][0]["status"] == "not_connected"
+        gone = await served.client.delete(f"{served.url}/api/connections/mcp/oauth", headers=ada)
+        assert gone.status_code == 204
+        after = await served.client.get(f"{served.url}/api/connections", headers=ada)
+        assert after.json()["connections"][0]["status"] == "not_connected"
+
+
+def test_oauth_sign_in_needs_the_servers_url() -> None:
+    with pytest.raises(ConfigError, match="BASTION_MCP_AUTH=oauth needs BASTION_MCP_URL"):
+        AssistantConfig.from_env({"BASTION_MCP_AUTH": "oauth"})
