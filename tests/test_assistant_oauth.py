@@ -4,6 +4,7 @@ continues with the server's tool; the user's connections are listed and can be d
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -15,10 +16,18 @@ import httpx2
 import pytest
 
 from bastion.assistant.config import AssistantConfig, ConfigError
+from tests.ai_sdk import ai_sdk_dir
 from tests.oauth_servers import SCOPE, OAuthServers, serve_oauth
 from tests.pg import PostgresCluster
 from tests.scripted import Call, ScriptedModel
-from tests.test_assistant import Served, chat, serve_assistant, stream_chunks, user_message
+from tests.test_assistant import (
+    Served,
+    chat,
+    chromium_path,
+    serve_assistant,
+    stream_chunks,
+    user_message,
+)
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +107,38 @@ async def test_a_user_connects_from_the_conversation_and_the_turn_goes_on_with_t
 def test_oauth_sign_in_needs_the_servers_url() -> None:
     with pytest.raises(ConfigError, match="BASTION_MCP_AUTH=oauth needs BASTION_MCP_URL"):
         AssistantConfig.from_env({"BASTION_MCP_AUTH": "oauth"})
+
+
+async def test_the_page_connects_from_the_card_and_the_turn_goes_on_by_itself(
+    pg_cluster: PostgresCluster, tmp_path: Path, servers: OAuthServers
+) -> None:
+    browser = chromium_path()
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    async with serve_assistant(pg_cluster, tmp_path, **oauth_settings(servers)) as served:
+        served.app.active_model = ScriptedModel(
+            [Call("connect_mcp", {})], [Call("mcp__search", {"query": "pricing"})], ["The pricing page."]
+        )
+        process = await asyncio.create_subprocess_exec(
+            "node",
+            "connect-flow.mjs",
+            cwd=ai_sdk_dir(),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        request = {"url": f"{served.url}/", "chromium": browser, "shots": str(shots)}
+        stdout, stderr = await asyncio.wait_for(process.communicate(json.dumps(request).encode()), timeout=50)
+    assert process.returncode == 0, stderr.decode()[-3000:]
+    seen = json.loads(stdout)
+    steps = seen["steps"]
+    assert "failure" not in steps, steps["failure"]
+    assert (seen["pageErrors"], seen["consoleErrors"]) == ([], [])
+    card = {"title": "Connect mcp", "status": "Needs you to sign in", "button": "Connect mcp"}
+    assert steps["card"] == card
+    assert steps["callback"]["path"] == "/connections/mcp/callback"
+    assert steps["callback"]["search"] == ""  # the code and state left the address at once
+    assert steps["callback"]["outcome"] == "mcp is connected. You can close this window."
+    assert steps["answer"] == "The pricing page."
+    assert "Connected" in steps["list"] and SCOPE in steps["list"]
+    assert "Not connected" in steps["disconnected"]

@@ -1,0 +1,97 @@
+// Connects an MCP server from a conversation in headless Chromium: the Connect card, the server's sign-in
+// in its own window, the page the server sends it back to, and the turn going on by itself; then the
+// connections list. Prints what it saw as JSON.
+//
+// Input on stdin: {"url", "chromium", "shots" (a folder for screenshots)}
+// Output: {"steps": {...}, "pageErrors": [...], "consoleErrors": [...]} for the Python test to assert on.
+
+import { chromium } from 'playwright-core';
+
+const parts = [];
+for await (const part of process.stdin) parts.push(part);
+const request = JSON.parse(Buffer.concat(parts).toString('utf8'));
+
+const browser = await chromium.launch({
+  executablePath: request.chromium,
+  args: ['--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking', '--disable-sync'],
+});
+const steps = {};
+const pageErrors = [];
+const consoleErrors = [];
+let shot = 0;
+let lastPage = null;
+
+function watch(page) {
+  lastPage = page;
+  page.setDefaultTimeout(15000);
+  page.on('pageerror', error => pageErrors.push(String(error)));
+  page.on('console', message => {
+    if (message.type() === 'error' && !/Failed to load resource/.test(message.text())) {
+      consoleErrors.push(message.text());
+    }
+  });
+}
+
+async function screenshot(page, name) {
+  shot += 1;
+  await page.screenshot({ path: `${request.shots}/${String(shot).padStart(2, '0')}-${name}.png` });
+}
+
+async function connect() {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  const page = await context.newPage();
+  watch(page);
+  await page.goto(request.url);
+  await page.fill('#user-name', 'ada');
+  await page.click('#sign-in-form button[type=submit]');
+  await page.waitForSelector('#prompt');
+  await page.waitForSelector('#connections-button');
+
+  await page.fill('#prompt', 'search the pricing page');
+  await page.press('#prompt', 'Enter');
+  await page.waitForSelector('.connect-card button.connect');
+  steps.card = {
+    title: await page.textContent('.tool-card .tool-title'),
+    status: await page.textContent('.tool-card .tool-status'),
+    button: await page.textContent('.connect-card button.connect'),
+  };
+  await screenshot(page, 'connect-card');
+
+  const [popup] = await Promise.all([context.waitForEvent('page'), page.click('.connect-card button.connect')]);
+  watch(popup);
+  await popup.waitForSelector('#connection-outcome');
+  steps.callback = {
+    path: new URL(popup.url()).pathname,
+    search: new URL(popup.url()).search,
+    outcome: await popup.textContent('#connection-outcome'),
+  };
+  await screenshot(popup, 'callback-page');
+  lastPage = page;
+
+  // The card answered itself: the turn went on, and the server's search asks for approval as usual.
+  await page.waitForSelector('.tool-card[data-tool="mcp__search"] button.approve');
+  steps.connectedCard = await page.$$eval('.tool-card', nodes => nodes.map(node => node.dataset.state));
+  await page.click('.tool-card[data-tool="mcp__search"] button.approve');
+  await page.waitForFunction(() => document.querySelector('.message.assistant:last-of-type')?.innerText.includes('The pricing page.'));
+  steps.answer = await page.$$eval('.message.assistant .text', nodes => nodes.map(node => node.innerText).at(-1));
+  await screenshot(page, 'turn-resumed');
+
+  await page.click('#connections-button');
+  await page.waitForSelector('#connection-list .connection[data-status="connected"]');
+  steps.list = await page.textContent('#connection-list');
+  await screenshot(page, 'connections-list');
+  await page.click('#connection-list button.disconnect');
+  await page.waitForSelector('#connection-list .connection[data-status="not_connected"]');
+  steps.disconnected = await page.textContent('#connection-list');
+  await context.close();
+}
+
+try {
+  await connect();
+} catch (error) {
+  steps.failure = String(error.stack || error);
+  if (lastPage) await screenshot(lastPage, 'failure').catch(() => {});
+} finally {
+  await browser.close();
+}
+process.stdout.write(JSON.stringify({ steps, pageErrors, consoleErrors }));
