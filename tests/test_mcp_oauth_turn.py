@@ -99,6 +99,13 @@ async def _chat(
     pool: AsyncConnectionPool[Any],
     keys: CredentialKeyring,
     servers: OAuthServers,
+    *,
+    steps: tuple[list[Any], ...] = (
+        [Call(CONNECT, {})],
+        [Call(SEARCH, {"query": "pricing"})],
+        ["The pricing page is there."],
+    ),
+    alice: str | None = None,
     **connection: Any,
 ) -> AsyncIterator[Chat]:
     oauth = build_oauth(
@@ -123,9 +130,7 @@ async def _chat(
         return AgentTools(tools=connections.tools, close=connections.close)
 
     agent = define_agent(name="docs", instructions="Help with the documents.", tools=tools)
-    model = ScriptedModel(
-        [Call(CONNECT, {})], [Call(SEARCH, {"query": "pricing"})], ["The pricing page is there."]
-    )
+    model = ScriptedModel(*steps)
     signing = SigningKeys()
     env = SupabaseEnv(url=PROJECT_URL, jwks=signing.jwks())
     async with await SqliteStore.open(tmp_path / "chat.sqlite3") as store:
@@ -134,7 +139,7 @@ async def _chat(
         app = create_agent_worker(env=env, routes=[*routes, *oauth_connection_routes(oauth)])
         with live_server(app) as base:
             async with httpx2.AsyncClient(base_url=base, timeout=30) as http:
-                yield Chat(http, store, signing, env, model, str(uuid.uuid4()))
+                yield Chat(http, store, signing, env, model, alice or str(uuid.uuid4()))
 
 
 @pytest.fixture
@@ -252,3 +257,36 @@ async def test_a_contact_never_gets_a_card(
             [definition], context=contact, oauth=oauth, conversation_id="conversation-1"
         )
     assert (raised.value.code, raised.value.can_authorize) == ("authorization_required", False)
+
+
+async def test_the_callback_and_the_continuation_land_on_another_worker_after_the_first_stopped(
+    tmp_path: Path,
+    oauth_pool: AsyncConnectionPool[Any],
+    oauth_keys: CredentialKeyring,
+    servers: OAuthServers,
+) -> None:
+    """Nothing of the pause lives in a process: the card is in the stored message, the pending sign-in in
+    Postgres; a fresh worker over the same stores finishes the sign-in and runs the paused call."""
+    conversation, alice = str(uuid.uuid4()), str(uuid.uuid4())
+    first = _chat(tmp_path, oauth_pool, oauth_keys, servers, steps=([Call(CONNECT, {})],), alice=alice)
+    chat = await anext(first)
+    card = _card(await chat.post(conversation, [_user("find the pricing page")]))
+    messages = await chat.stored(conversation)
+    await first.aclose()
+
+    answer = await sign_in(card["url"])
+    later = (
+        [Call(SEARCH, {"query": "pricing"})],
+        ["The pricing page is there."],
+    )
+    second = _chat(tmp_path, oauth_pool, oauth_keys, servers, steps=later, alice=alice)
+    chat = await anext(second)
+    try:
+        done = await chat.callback(answer)
+        assert done.status_code == 200, done.text
+        resumed = await chat.post(conversation, _answered(messages, approved=True))
+    finally:
+        await second.aclose()
+    outputs = [c["output"] for c in resumed if c["type"] == "tool-output-available"]
+    assert outputs == [{"connection": NAME, "connected": True}, {"result": "found: pricing"}]
+    assert "".join(c["delta"] for c in resumed if c["type"] == "text-delta") == "The pricing page is there."
