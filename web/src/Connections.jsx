@@ -21,8 +21,14 @@ function useAnnouncements(onMessage) {
   }, [onMessage]);
 }
 
-function openSignIn(url, name) {
-  window.open(url, `connect-${name}`, 'popup,width=520,height=720');
+// The window opens at the click (a window opened later is a blocked pop-up), then goes to the sign-in.
+function openSignIn(name) {
+  return window.open('about:blank', `connect-${name}`, 'popup,width=520,height=720');
+}
+
+function goTo(target, url) {
+  if (target) target.location.href = url;
+  else window.location.href = url;
 }
 
 // What the server sent the browser back with, taken out of the address before anything else reads it
@@ -41,19 +47,44 @@ export function takeCallback() {
 }
 
 // The card of a call that waits for the user to sign in. Once they have, the call is answered and the
-// turn goes on by itself; a sign-in that did not happen is said, and the assistant is told.
-export function ConnectCard({ authorization, approvalId, onAnswer, busy }) {
+// turn goes on by itself; a sign-in that did not happen is said, and the assistant is told. A card shown
+// again (a reload, another tab) goes on at once when the user is connected by then, and Connect asks for
+// a fresh sign-in for this call, since the one in the card is used once and expires in minutes.
+export function ConnectCard({ authorization, approvalId, toolCallId, conversationId, api, onAnswer, busy }) {
   const name = authorization.connection;
   const [waiting, setWaiting] = useState(false);
+  // Answered once, whichever comes first: the sign-in window's word, or a connection already made.
+  const answered = useRef(false);
+  const latest = useRef(onAnswer);
+  latest.current = onAnswer;
+  const answer = useCallback(
+    (approved, reason) => {
+      if (answered.current) return;
+      answered.current = true;
+      latest.current(approvalId, approved, reason);
+    },
+    [approvalId],
+  );
   const heard = useCallback(
     message => {
       if (message.connection !== name) return;
-      if (message.ok) onAnswer(approvalId, true);
-      else onAnswer(approvalId, false, message.message || `The ${name} connection was not authorized.`);
+      if (message.ok) answer(true);
+      else answer(false, message.message || `The ${name} connection was not authorized.`);
     },
-    [name, approvalId, onAnswer],
+    [name, answer],
   );
   useAnnouncements(heard);
+  useEffect(() => {
+    let live = true;
+    api?.('/api/connections')
+      .then(({ connections }) => {
+        if (live && connections.some(c => c.name === name && c.status === 'connected')) answer(true);
+      })
+      .catch(() => {});
+    return () => {
+      live = false;
+    };
+  }, [api, name, answer]);
   return (
     <div className="connect-card">
       <p>
@@ -66,9 +97,14 @@ export function ConnectCard({ authorization, approvalId, onAnswer, busy }) {
           type="button"
           className="primary connect"
           disabled={busy}
-          onClick={() => {
+          onClick={async () => {
             setWaiting(true);
-            openSignIn(authorization.url, name);
+            const target = openSignIn(name);
+            const fresh = await api?.(`/api/connections/${name}/oauth/authorize`, {
+              method: 'POST',
+              body: { conversation_id: conversationId, tool_call_id: toolCallId },
+            }).catch(() => null);
+            goTo(target, fresh?.authorization_url ?? authorization.url);
           }}
         >
           Connect {name}
@@ -77,7 +113,7 @@ export function ConnectCard({ authorization, approvalId, onAnswer, busy }) {
           type="button"
           className="deny not-now"
           disabled={busy}
-          onClick={() => onAnswer(approvalId, false, `The user chose not to connect ${name}.`)}
+          onClick={() => answer(false, `The user chose not to connect ${name}.`)}
         >
           Not now
         </button>
@@ -175,8 +211,9 @@ export function ConnectionsPanel({ open, api, onClose }) {
 
   const connect = name =>
     act(name, async () => {
+      const target = openSignIn(name);
       const { authorization_url: url } = await api(`/api/connections/${name}/oauth/authorize`, { method: 'POST', body: {} });
-      openSignIn(url, name);
+      goTo(target, url);
     });
   const disconnect = name => act(name, () => api(`/api/connections/${name}/oauth`, { method: 'DELETE' }));
 

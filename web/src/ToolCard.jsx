@@ -147,7 +147,7 @@ function Approval({ approvalId, onAnswer, busy }) {
   );
 }
 
-export default function ToolCard({ part, onAnswer, busy }) {
+export default function ToolCard({ part, onAnswer, busy, api, conversationId }) {
   const name = getToolName(part);
   const authorization = part.toolMetadata?.authorization;
   const [words, kind] = statusOf(part);
@@ -160,7 +160,15 @@ export default function ToolCard({ part, onAnswer, busy }) {
       </header>
       <Fields value={part.input} className="tool-args fields" />
       {part.state === 'approval-requested' && part.approval && authorization && (
-        <ConnectCard authorization={authorization} approvalId={part.approval.id} onAnswer={onAnswer} busy={busy} />
+        <ConnectCard
+          authorization={authorization}
+          approvalId={part.approval.id}
+          toolCallId={part.toolCallId}
+          conversationId={conversationId}
+          api={api}
+          onAnswer={onAnswer}
+          busy={busy}
+        />
       )}
       {part.state === 'approval-requested' && part.approval && !authorization && (
         <Approval approvalId={part.approval.id} onAnswer={onAnswer} busy={busy} />
