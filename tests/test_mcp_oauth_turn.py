@@ -181,6 +181,8 @@ async def test_a_turn_pauses_with_a_connect_card_and_resumes_with_the_tools_answ
     text = "".join(c["delta"] for c in resumed if c["type"] == "text-delta")
     assert text == "The pricing page is there."
     assert chat.model.calls == 3
+    told = " ".join(str(request.messages) for request in chat.model.requests)
+    assert answer["state"] not in told and answer["code"] not in told  # the card is the page's alone
     issued = [*servers.authorization.access, *servers.authorization.refresh]
     assert not any(token in json.dumps(resumed) + json.dumps(paused) for token in issued)
 

@@ -86,7 +86,7 @@ async def create_mcp_connections_with_sign_in(
         return await create_mcp_connections(definitions, context=context, cancel=cancel)
     signable = [d.name for d in definitions if _offers_sign_in(oauth, d.name)]
     remaining = list(definitions)
-    while True:
+    while True:  # at most once per connection: each round leaves out the one that asks to sign in
         try:
             connections = await create_mcp_connections(remaining, context=context, cancel=cancel)
             break
