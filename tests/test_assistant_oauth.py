@@ -109,31 +109,36 @@ def test_oauth_sign_in_needs_the_servers_url() -> None:
         AssistantConfig.from_env({"BASTION_MCP_AUTH": "oauth"})
 
 
+async def run_connect_flow(served: Served, shots: Path, phase: str) -> dict[str, Any]:
+    process = await asyncio.create_subprocess_exec(
+        "node",
+        "connect-flow.mjs",
+        cwd=ai_sdk_dir(),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    request = {"url": f"{served.url}/", "chromium": chromium_path(), "shots": str(shots), "phase": phase}
+    stdout, stderr = await asyncio.wait_for(process.communicate(json.dumps(request).encode()), timeout=50)
+    assert process.returncode == 0, stderr.decode()[-3000:]
+    seen = json.loads(stdout)
+    steps: dict[str, Any] = seen["steps"]
+    assert "failure" not in steps, steps["failure"]
+    assert (seen["pageErrors"], seen["consoleErrors"]) == ([], [])
+    return steps
+
+
 async def test_the_page_connects_from_the_card_and_the_turn_goes_on_by_itself(
     pg_cluster: PostgresCluster, tmp_path: Path, servers: OAuthServers
 ) -> None:
-    browser = chromium_path()
+    chromium_path()
     shots = tmp_path / "screenshots"
     shots.mkdir()
     async with serve_assistant(pg_cluster, tmp_path, **oauth_settings(servers)) as served:
         served.app.active_model = ScriptedModel(
             [Call("connect_mcp", {})], [Call("mcp__search", {"query": "pricing"})], ["The pricing page."]
         )
-        process = await asyncio.create_subprocess_exec(
-            "node",
-            "connect-flow.mjs",
-            cwd=ai_sdk_dir(),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        request = {"url": f"{served.url}/", "chromium": browser, "shots": str(shots)}
-        stdout, stderr = await asyncio.wait_for(process.communicate(json.dumps(request).encode()), timeout=50)
-    assert process.returncode == 0, stderr.decode()[-3000:]
-    seen = json.loads(stdout)
-    steps = seen["steps"]
-    assert "failure" not in steps, steps["failure"]
-    assert (seen["pageErrors"], seen["consoleErrors"]) == ([], [])
+        steps = await run_connect_flow(served, shots, "connect")
     card = {"title": "Connect mcp", "status": "Needs you to sign in", "button": "Connect mcp"}
     assert steps["card"] == card
     assert steps["callback"]["path"] == "/connections/mcp/callback"
@@ -142,3 +147,24 @@ async def test_the_page_connects_from_the_card_and_the_turn_goes_on_by_itself(
     assert steps["answer"] == "The pricing page."
     assert "Connected" in steps["list"] and SCOPE in steps["list"]
     assert "Not connected" in steps["disconnected"]
+
+
+async def test_a_sign_in_the_server_refuses_is_said_on_the_page_and_the_assistant_is_told(
+    pg_cluster: PostgresCluster, tmp_path: Path, servers: OAuthServers
+) -> None:
+    chromium_path()
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    model = ScriptedModel([Call("connect_mcp", {})], ["Without it, I cannot search."])
+    servers.authorization.refuse_sign_in = True
+    try:
+        async with serve_assistant(pg_cluster, tmp_path, **oauth_settings(servers)) as served:
+            served.app.active_model = model
+            steps = await run_connect_flow(served, shots, "refused")
+    finally:
+        servers.authorization.refuse_sign_in = False
+    refusal = "The mcp connection was not authorized."
+    assert steps["callback"] == f"mcp was not connected: {refusal}"
+    assert steps["card"] == f"mcp was not connected: {refusal}"
+    assert steps["status"] == "Not connected"
+    assert f"The user denied this tool call. Reason: {refusal}" in str(model.requests[-1].messages[-1])

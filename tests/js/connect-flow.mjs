@@ -2,7 +2,7 @@
 // in its own window, the page the server sends it back to, and the turn going on by itself; then the
 // connections list. Prints what it saw as JSON.
 //
-// Input on stdin: {"url", "chromium", "shots" (a folder for screenshots)}
+// Input on stdin: {"url", "chromium", "shots" (a folder for screenshots), "phase": "connect" | "refused"}
 // Output: {"steps": {...}, "pageErrors": [...], "consoleErrors": [...]} for the Python test to assert on.
 
 import { chromium } from 'playwright-core';
@@ -86,8 +86,35 @@ async function connect() {
   await context.close();
 }
 
+// The server refuses the sign-in: both windows say so in words, and the assistant goes on without it.
+async function refused() {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  const page = await context.newPage();
+  watch(page);
+  await page.goto(request.url);
+  await page.fill('#user-name', 'bob');
+  await page.click('#sign-in-form button[type=submit]');
+  await page.waitForSelector('#prompt');
+  await page.fill('#prompt', 'search the pricing page');
+  await page.press('#prompt', 'Enter');
+  await page.waitForSelector('.connect-card button.connect');
+  const [popup] = await Promise.all([context.waitForEvent('page'), page.click('.connect-card button.connect')]);
+  watch(popup);
+  await popup.waitForSelector('#connection-outcome');
+  steps.callback = await popup.textContent('#connection-outcome');
+  await screenshot(popup, 'callback-refused');
+  lastPage = page;
+  await page.waitForSelector('.connect-refused');
+  await page.waitForFunction(() => document.querySelector('.message.assistant:last-of-type')?.innerText.includes('Without it'));
+  steps.card = await page.textContent('.connect-refused');
+  steps.status = await page.textContent('.tool-card .tool-status');
+  await screenshot(page, 'connect-refused');
+  await context.close();
+}
+
 try {
-  await connect();
+  if (request.phase === 'refused') await refused();
+  else await connect();
 } catch (error) {
   steps.failure = String(error.stack || error);
   if (lastPage) await screenshot(lastPage, 'failure').catch(() => {});
