@@ -56,10 +56,12 @@ def answered(messages: list[dict[str, Any]], approved: bool = True) -> list[dict
     return answer
 
 
+@pytest.mark.parametrize("durable", [False, True])
 async def test_a_user_connects_from_the_conversation_and_the_turn_goes_on_with_the_servers_tool(
-    pg_cluster: PostgresCluster, tmp_path: Path, servers: OAuthServers
+    pg_cluster: PostgresCluster, tmp_path: Path, servers: OAuthServers, durable: bool
 ) -> None:
-    async with serve_assistant(pg_cluster, tmp_path, **oauth_settings(servers)) as served:
+    settings = {**oauth_settings(servers), "durable": durable}
+    async with serve_assistant(pg_cluster, tmp_path, **settings) as served:
         served.app.active_model = ScriptedModel(
             [Call("connect_mcp", {})], [Call("mcp__search", {"query": "pricing"})], ["The pricing page."]
         )
