@@ -170,3 +170,18 @@ async def test_a_sign_in_the_server_refuses_is_said_on_the_page_and_the_assistan
     assert steps["card"] == f"mcp was not connected: {refusal}"
     assert steps["status"] == "Not connected"
     assert f"The user denied this tool call. Reason: {refusal}" in str(model.requests[-1].messages[-1])
+
+
+async def test_a_card_shown_again_to_a_user_connected_meanwhile_goes_on_by_itself(
+    pg_cluster: PostgresCluster, tmp_path: Path, servers: OAuthServers
+) -> None:
+    chromium_path()
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    async with serve_assistant(pg_cluster, tmp_path, **oauth_settings(servers)) as served:
+        served.app.active_model = ScriptedModel(
+            [Call("connect_mcp", {})], [Call("mcp__search", {"query": "pricing"})], ["The pricing page."]
+        )
+        steps = await run_connect_flow(served, shots, "later")
+    assert steps["callback"] == "mcp is connected. You can close this window."
+    assert steps["cards"] == [["connect_mcp", "output-available"], ["mcp__search", "approval-requested"]]

@@ -2,7 +2,7 @@
 // in its own window, the page the server sends it back to, and the turn going on by itself; then the
 // connections list. Prints what it saw as JSON.
 //
-// Input on stdin: {"url", "chromium", "shots" (a folder for screenshots), "phase": "connect" | "refused"}
+// Input on stdin: {"url", "chromium", "shots" (a folder for screenshots), "phase": "connect" | "refused" | "later"}
 // Output: {"steps": {...}, "pageErrors": [...], "consoleErrors": [...]} for the Python test to assert on.
 
 import { chromium } from 'playwright-core';
@@ -112,8 +112,50 @@ async function refused() {
   await context.close();
 }
 
+// The tab with the card is closed; the user connects from the Connections list in another one, and the
+// card, shown again, goes on by itself.
+async function later() {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  const first = await context.newPage();
+  watch(first);
+  await first.goto(request.url);
+  await first.fill('#user-name', 'cy');
+  await first.click('#sign-in-form button[type=submit]');
+  await first.waitForSelector('#prompt');
+  await first.fill('#prompt', 'search the pricing page');
+  await first.press('#prompt', 'Enter');
+  await first.waitForSelector('.connect-card button.connect');
+  const conversation = first.url();
+  await first.close();
+
+  const second = await context.newPage();
+  watch(second);
+  await second.goto(request.url);
+  await second.waitForSelector('#connections-button');
+  await second.click('#connections-button');
+  await second.waitForSelector('#connection-list .connection[data-status="not_connected"] button.connect');
+  const [popup] = await Promise.all([
+    context.waitForEvent('page'),
+    second.click('#connection-list button.connect'),
+  ]);
+  watch(popup);
+  await popup.waitForSelector('#connection-outcome');
+  steps.callback = await popup.textContent('#connection-outcome');
+  await second.waitForSelector('#connection-list .connection[data-status="connected"]');
+  await second.close();
+
+  const third = await context.newPage();
+  watch(third);
+  await third.goto(conversation);
+  await third.waitForSelector('.tool-card[data-tool="mcp__search"] button.approve');
+  steps.cards = await third.$$eval('.tool-card', nodes => nodes.map(node => [node.dataset.tool, node.dataset.state]));
+  await screenshot(third, 'card-went-on');
+  await context.close();
+}
+
 try {
   if (request.phase === 'refused') await refused();
+  else if (request.phase === 'later') await later();
   else await connect();
 } catch (error) {
   steps.failure = String(error.stack || error);
