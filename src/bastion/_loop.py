@@ -51,7 +51,7 @@ from bastion._turn_plan import ModelSteps, TurnPlan
 from bastion._ui_chunks import Chunk, close_open_parts, tool_input_error_chunk
 from bastion._ui_messages import denial_text
 from bastion.errors import ToolError
-from bastion.policies import GENERIC_TOOL_ERROR, tool_requires_approval
+from bastion.policies import GENERIC_TOOL_ERROR, sign_in_card, tool_requires_approval
 from bastion.tools import (
     CallOrigin,
     Tool,
@@ -386,10 +386,18 @@ class AgentStreamResult:
             }
             if dynamic:
                 available["dynamic"] = True
-            yield available
             call = ToolCall(tool_name=part.tool_name, input=raw_input, tool_call_id=part.tool_call_id)
+            card, refusal = await sign_in_card(item, call)
+            if card is not None:  # the user signs in first; their answer continues the call
+                available["toolMetadata"] = {"authorization": card}
+            yield available
+            if refusal is not None:
+                chunk, result = self._error(item, call, refusal)
+                yield chunk
+                outcome.results.append(result)
+                continue
             after_results = item.approval_after_tool_results and self._has_tool_results()
-            if after_results or await tool_requires_approval(item, call):
+            if card is not None or after_results or await tool_requires_approval(item, call):
                 self._trace_unrun(call, approval="requested", outcome="paused")
                 yield {
                     "type": "tool-approval-request",

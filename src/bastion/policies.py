@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
+from bastion.errors import ToolError
 from bastion.tools import Tool, ToolCall, ToolDenial, ToolExecutor, run_executor
 
 __all__ = [
@@ -111,6 +112,17 @@ async def _policy_requires_approval(policy: ToolPolicy[ContextT], context: Conte
         logger.warning("Tool approval check failed; requiring approval.", exc_info=True)
         return True
     return decision is not False
+
+
+async def sign_in_card(item: Tool, call: ToolCall) -> tuple[dict[str, Any] | None, str | None]:
+    """The card that pauses the call until the user signs in (`Tool.sign_in`), or the refusal to show."""
+    if item.sign_in is None:
+        return None, None
+    try:
+        card = await item.sign_in(call)
+    except ToolError as error:
+        return None, error.message
+    return (None if card is None else dict(card)), None
 
 
 async def tool_requires_approval(item: Tool, call: ToolCall) -> bool:

@@ -129,6 +129,9 @@ class Tool:
     again instead of being refused. `approval_after_tool_results` makes a call wait for the user's
     approval whenever the model has a tool's result in its context (a tool's or an MCP server's output
     may carry instructions someone else wrote): for writes that outlive the turn, such as memories.
+    `sign_in` is asked before each call: a mapping it returns pauses the call as an approval does, with
+    the mapping as the call's `toolMetadata.authorization` (a card the page shows: sign in to a
+    connection, `bastion.mcp.oauth`), and the answer continues it; None runs the call now.
     """
 
     name: str
@@ -146,6 +149,7 @@ class Tool:
     idempotent: bool = False
     recheck_before_model: Callable[[ToolCall], Awaitable[ToolDenial | None]] | None = None
     approval_after_tool_results: bool = False
+    sign_in: Callable[[ToolCall], Awaitable[Mapping[str, Any] | None]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _TOOL_NAME.fullmatch(self.name):

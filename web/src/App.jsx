@@ -1,9 +1,10 @@
 import { useCallback, useEffect, useMemo, useRef, useState } from 'react';
 import { authClient, forgetUser } from './auth.js';
+import { ConnectionCallback } from './Connections.jsx';
 import SignIn from './SignIn.jsx';
 import Workspace from './Workspace.jsx';
 
-export default function App() {
+export default function App({ callback = null }) {
   const [info, setInfo] = useState(null);
   const [failed, setFailed] = useState(false);
   const [tries, setTries] = useState(0);
@@ -36,10 +37,10 @@ export default function App() {
     );
   }
   if (!info) return <div className="center-page" aria-busy="true" />;
-  return <Session info={info} />;
+  return <Session info={info} callback={callback} />;
 }
 
-function Session({ info }) {
+function Session({ info, callback }) {
   const client = useMemo(() => authClient(info), [info]);
   const [session, setSession] = useState(undefined);
   const [ended, setEnded] = useState(false);
@@ -98,6 +99,7 @@ function Session({ info }) {
   }
   if (session === undefined) return <div className="center-page" aria-busy="true" />;
   if (!session) return <SignIn client={client} info={info} ended={ended} />;
+  if (callback) return <ConnectionCallback callback={callback} getToken={getToken} />;
   // Keyed by user: another user gets a new workspace, with nothing of the previous one in memory.
   return (
     <Workspace

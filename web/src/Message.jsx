@@ -36,7 +36,9 @@ export default function Message({
             </details>
           );
         }
-        if (isToolUIPart(part)) return <ToolCard key={part.toolCallId} part={part} onAnswer={onAnswer} busy={busy} />;
+        if (isToolUIPart(part)) return (
+            <ToolCard key={part.toolCallId} part={part} onAnswer={onAnswer} busy={busy} api={api} conversationId={conversationId} />
+          );
         return null;
       })}
       {stopped && (

@@ -1,5 +1,6 @@
 import { getToolName } from 'ai';
 import { useEffect, useRef, useState } from 'react';
+import { ConnectCard } from './Connections.jsx';
 
 // What a person reads for a tool call: what it does, with what, what came of it. The raw JSON is
 // one click away; the SDK's state names never reach the screen.
@@ -14,6 +15,7 @@ const TITLES = {
 
 export function toolTitle(name) {
   if (TITLES[name]) return TITLES[name];
+  if (name.startsWith('connect_')) return `Connect ${name.slice('connect_'.length)}`;
   const [server, remote] = name.includes('__') ? name.split('__', 2) : [null, name];
   const words = remote.replace(/[_-]+/g, ' ').trim();
   const title = words.charAt(0).toUpperCase() + words.slice(1);
@@ -30,6 +32,10 @@ const STATUS = {
 };
 
 function statusOf(part) {
+  if (part.toolMetadata?.authorization && ['approval-requested', 'approval-responded', 'output-denied'].includes(part.state)) {
+    if (part.state === 'approval-requested') return ['Needs you to sign in', 'ask'];
+    return part.approval?.approved ? ['Connected, going on…', 'pending'] : ['Not connected', 'denied'];
+  }
   if (part.state === 'approval-responded') {
     return part.approval?.approved ? ['Approved, running…', 'pending'] : ['Denied', 'denied'];
   }
@@ -141,8 +147,9 @@ function Approval({ approvalId, onAnswer, busy }) {
   );
 }
 
-export default function ToolCard({ part, onAnswer, busy }) {
+export default function ToolCard({ part, onAnswer, busy, api, conversationId }) {
   const name = getToolName(part);
+  const authorization = part.toolMetadata?.authorization;
   const [words, kind] = statusOf(part);
   const raw = { input: part.input, ...(part.output !== undefined ? { output: part.output } : {}) };
   return (
@@ -152,14 +159,30 @@ export default function ToolCard({ part, onAnswer, busy }) {
         <span className={`tool-status status-${kind}`}>{words}</span>
       </header>
       <Fields value={part.input} className="tool-args fields" />
-      {part.state === 'approval-requested' && part.approval && (
+      {part.state === 'approval-requested' && part.approval && authorization && (
+        <ConnectCard
+          authorization={authorization}
+          approvalId={part.approval.id}
+          toolCallId={part.toolCallId}
+          conversationId={conversationId}
+          api={api}
+          onAnswer={onAnswer}
+          busy={busy}
+        />
+      )}
+      {part.state === 'approval-requested' && part.approval && !authorization && (
         <Approval approvalId={part.approval.id} onAnswer={onAnswer} busy={busy} />
       )}
       {part.state === 'output-available' && <Summary name={name} output={part.output} />}
       {part.state === 'output-error' && (
         <p className="tool-error">{part.errorText ? `It failed: ${part.errorText}` : 'It failed.'}</p>
       )}
-      {(part.state === 'output-denied' || (part.state === 'approval-responded' && !part.approval?.approved)) && (
+      {authorization && (part.state === 'output-denied' || (part.state === 'approval-responded' && !part.approval?.approved)) && (
+        <p className="tool-denied connect-refused">
+          {authorization.connection} was not connected{part.approval?.reason ? `: ${part.approval.reason}` : '.'}
+        </p>
+      )}
+      {!authorization && (part.state === 'output-denied' || (part.state === 'approval-responded' && !part.approval?.approved)) && (
         <p className="tool-denied">
           You denied this{part.approval?.reason ? `: “${part.approval.reason}”` : ''}. It did not run.
         </p>

@@ -4,6 +4,7 @@ import Chat from './Chat.jsx';
 import InboxView from './InboxView.jsx';
 import { Menu } from './icons.jsx';
 import MemoryPanel from './MemoryPanel.jsx';
+import { ConnectionsPanel } from './Connections.jsx';
 import Sidebar from './Sidebar.jsx';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
@@ -35,6 +36,10 @@ export default function Workspace({ info, user, getToken, onSignOut, onSessionEn
   const [memories, setMemories] = useState(null);
   const [memoryProblem, setMemoryProblem] = useState('');
   const [memoryOpen, setMemoryOpen] = useState(false);
+  // The servers this user signs in to (BASTION_MCP_AUTH=oauth), when the server has any.
+  const [hasConnections, setHasConnections] = useState(false);
+  const [connectionsOpen, setConnectionsOpen] = useState(false);
+  const closeConnections = useCallback(() => setConnectionsOpen(false), []);
   // The chat, or the support inbox's staff view.
   const [inboxOpen, setInboxOpen] = useState(false);
   // A conversation the address named that this user does not have (deleted, another account's, made up).
@@ -48,6 +53,13 @@ export default function Workspace({ info, user, getToken, onSignOut, onSessionEn
     },
     [onSessionEnded],
   );
+
+  // The connections list exists only on a server whose users sign in to an MCP server (404 elsewhere).
+  useEffect(() => {
+    api('/api/connections')
+      .then(() => setHasConnections(true))
+      .catch(() => {});
+  }, [api]);
 
   const refreshList = useCallback(async () => {
     const body = await api('/api/conversations');
@@ -250,6 +262,18 @@ export default function Workspace({ info, user, getToken, onSignOut, onSessionEn
         >
           Memory
         </button>
+        {hasConnections && (
+          <button
+            type="button"
+            id="connections-button"
+            aria-haspopup="dialog"
+            aria-expanded={connectionsOpen}
+            aria-controls="connections"
+            onClick={() => setConnectionsOpen(true)}
+          >
+            Connections
+          </button>
+        )}
         <button type="button" id="sign-out" onClick={onSignOut}>
           Sign out
         </button>
@@ -269,6 +293,7 @@ export default function Workspace({ info, user, getToken, onSignOut, onSessionEn
         onClose={closeMemory}
         onForget={forgetMemory}
       />
+      {hasConnections && <ConnectionsPanel open={connectionsOpen} api={api} onClose={closeConnections} />}
       <div className="scrim" hidden={!menuOpen} onClick={() => setMenuOpen(false)} />
       <main className="chat-area">
         {problem && (

@@ -121,10 +121,15 @@ def _may_write_notes(context: AssistantContext, call: ToolCall) -> bool:
 
 
 def assistant_agent(
-    *, remote_tool_names: Sequence[str] = (), memory: AgentMemory[AssistantContext] | None = None
+    *,
+    remote_tool_names: Sequence[str] = (),
+    sign_in_tool_names: Sequence[str] = (),
+    memory: AgentMemory[AssistantContext] | None = None,
 ) -> Agent[AssistantContext]:
-    """The assistant; `remote_tool_names` are the MCP tools the permission map admits. With `memory`
-    it recalls what it knows about the user each turn and may remember and forget facts."""
+    """The assistant; `remote_tool_names` are the MCP tools the permission map admits, each approved by
+    the user, and `sign_in_tool_names` the tools that ask the user to sign in to a server (their card is
+    the pause). With `memory` it recalls what it knows about the user each turn and may remember and
+    forget facts."""
     permissions: dict[str, ToolPolicy[AssistantContext]] = {
         "get_identity": ToolPolicy(model_output=_identity_for_model),
         "list_notes": ToolPolicy(),
@@ -139,6 +144,8 @@ def assistant_agent(
         permissions[memory.forget_name] = ToolPolicy()
     for name in remote_tool_names:
         permissions[name] = ToolPolicy(needs_approval=True)
+    for name in sign_in_tool_names:
+        permissions[name] = ToolPolicy()
 
     async def load_note_writing() -> str:
         return NOTE_WRITING

@@ -57,6 +57,8 @@ from bastion.chat.turn import ChatTurn
 from bastion.drain import Drain
 from bastion.durable import DurableEngine
 from bastion.inbox import ContactTokens, InboxChannels, InboxReplies, PostgresInbox, inbox_routes
+from bastion.mcp.oauth import McpOAuth
+from bastion.mcp.oauth_routes import oauth_connection_routes
 from bastion.memory import (
     AgentMemory,
     Embedder,
@@ -96,8 +98,10 @@ class AssistantApp:
     env: SupabaseEnv
     development_sign_in: DevelopmentSignIn | None = None
     history_window: int = 50
-    remote_tools: Callable[[Principal], Callable[[], Awaitable[AgentTools]]] | None = None
+    remote_tools: Callable[[Principal, str], Callable[[], Awaitable[AgentTools]]] | None = None
     remote_tool_names: tuple[str, ...] = ()
+    sign_in_tool_names: tuple[str, ...] = ()
+    oauth: McpOAuth | None = None
     user_credentials: UserCredentials | None = None
     embedder: Embedder | None = None
     versioning: ApiVersioning = field(default_factory=ApiVersioning)
@@ -115,7 +119,11 @@ class AssistantApp:
             operation_id=lambda context: context.operation_id,
             scope=MEMORY_SCOPE,
         )
-        self.agent = assistant_agent(remote_tool_names=self.remote_tool_names, memory=self.memory)
+        self.agent = assistant_agent(
+            remote_tool_names=self.remote_tool_names,
+            sign_in_tool_names=self.sign_in_tool_names,
+            memory=self.memory,
+        )
         self.demo = self.model is None
         self._active_model: Model = self.model or demo_model()
         self.chat = ChatEndpoint(
@@ -172,7 +180,9 @@ class AssistantApp:
             principal=turn.principal,
             conversation_id=turn.conversation_id,
             notes=PostgresNoteBook(self.store, turn.identity),
-            remote_tools=self.remote_tools(turn.principal) if self.remote_tools is not None else None,
+            remote_tools=self.remote_tools(turn.principal, turn.conversation_id)
+            if self.remote_tools is not None
+            else None,
             identity=turn.identity,
             operation_id=turn.run_id,
         )
@@ -410,6 +420,7 @@ def build_routes(app: AssistantApp) -> list[Route]:
         Route(method="GET", path="/api/connections/mcp", auth="user", handler=app.connection_status),
         Route(method="PUT", path="/api/connections/mcp", auth="user", handler=app.connect),
         Route(method="DELETE", path="/api/connections/mcp", auth="user", handler=app.disconnect),
+        *(oauth_connection_routes(app.oauth) if app.oauth is not None else ()),
         Route(method="GET", path="/health", auth="none", handler=app.health),
         app.drain.ready_route(),
         Route(method="GET", path="/api/info", auth="none", handler=app.info),
@@ -442,6 +453,8 @@ def build_routes(app: AssistantApp) -> list[Route]:
         ),
         Route(method="GET", path="/", auth="none", handler=app.page),
         Route(method="GET", path="/widget", auth="none", handler=app.widget_page),
+        # Where a user's sign-in at the MCP server comes back: the page finishes it with their session.
+        Route(method="GET", path="/connections/{name}/callback", auth="none", handler=app.page),
         Route(method="GET", path="/docs", auth="none", handler=app.docs_page),
         Route(method="GET", path="/static/{name}", auth="none", handler=app.static),
     ]

@@ -23,7 +23,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_DATA_DIR = ".bastion"
 DEFAULT_HISTORY_WINDOW = 50
-MCP_AUTH_MODES = ("app", "user")
+MCP_AUTH_MODES = ("app", "user", "oauth")
 # How long retention keeps what is finished (see bastion.retention).
 DEFAULT_RETAIN_TURNS = timedelta(days=7)
 DEFAULT_RETAIN_INBOX_JOBS = timedelta(days=7)
@@ -152,14 +152,21 @@ class AssistantConfig:
                 "may use: tools a server adds later are never exposed."
             )
         if self.mcp_auth not in MCP_AUTH_MODES:
-            raise ConfigError(f"BASTION_MCP_AUTH must be 'app' or 'user', not {self.mcp_auth!r}.")
-        if self.mcp_auth == "user" and self.mcp_url is None:
-            raise ConfigError("BASTION_MCP_AUTH=user needs BASTION_MCP_URL, the server users connect to.")
-        if self.mcp_auth == "user" and self.mcp_token is not None:
             raise ConfigError(
-                "BASTION_MCP_TOKEN is the app's credential, but BASTION_MCP_AUTH=user sends each user's own: "
-                "unset one of them."
+                "BASTION_MCP_AUTH must be 'app' or 'user' (a pasted token), or 'oauth' (each user signs "
+                f"in), not {self.mcp_auth!r}."
             )
+        if self.mcp_auth != "app" and self.mcp_url is None:
+            raise ConfigError(
+                f"BASTION_MCP_AUTH={self.mcp_auth} needs BASTION_MCP_URL, the server users connect to."
+            )
+        if self.mcp_auth != "app" and self.mcp_token is not None:
+            raise ConfigError(
+                f"BASTION_MCP_TOKEN is the app's credential, but BASTION_MCP_AUTH={self.mcp_auth} sends each "
+                "user's own: unset one of them."
+            )
+        if self.mcp_auth == "oauth" and self.mcp_transport != "http":
+            raise ConfigError("BASTION_MCP_AUTH=oauth signs users in to a streamable HTTP server only.")
         if self.model_base_url is not None and self.model is None:
             raise ConfigError("BASTION_MODEL_BASE_URL needs BASTION_MODEL, the model name the server knows.")
         embedding_settings = (self.embedding_dimensions, self.embedding_base_url, self.embedding_api_key)

@@ -1,5 +1,7 @@
 """The assistant's optional MCP connection: one server, an allowlist of its tools, and either the app's
-credential (`BASTION_MCP_AUTH=app`) or each user's own (`user`).
+credential (`BASTION_MCP_AUTH=app`), each user's own pasted token (`user`), or each user's own sign-in at
+the server (`oauth`: `bastion.mcp.oauth`; a turn that needs it pauses on a Connect card, see
+`bastion.mcp.sign_in`, and the page at `/connections/mcp/callback` finishes the sign-in).
 
 Remote tools are exposed as `mcp__<tool>` and each needs the user's approval, since the assistant cannot
 know what a remote tool changes. The connection is opened per turn and closed with it. A user's own
@@ -31,12 +33,15 @@ from bastion.credentials import (
 )
 from bastion.errors import BastionError
 from bastion.mcp import McpConnectionDefinition, McpConnectionError, McpTransport, create_mcp_connections
+from bastion.mcp.oauth import McpOAuth, McpOAuthConnection
+from bastion.mcp.sign_in import CONNECT_TOOL_PREFIX, create_mcp_connections_with_sign_in
 from bastion.stores.credentials import (
     CREDENTIALS_KEY_VARIABLE,
     CredentialKeyring,
     Pool,
     PostgresCredentialProvider,
 )
+from bastion.stores.oauth_states import PostgresAuthorizationStates
 
 __all__ = [
     "CREDENTIALS_KEY_FILE",
@@ -47,6 +52,8 @@ __all__ = [
     "credentials_keyring",
     "remote_tool_names",
     "remote_tools",
+    "sign_in_tool_names",
+    "user_oauth",
 ]
 
 logger = logging.getLogger(__name__)
@@ -82,6 +89,28 @@ class ConnectionFailedError(BastionError):
 
 def remote_tool_names(config: AssistantConfig) -> tuple[str, ...]:
     return tuple(f"{CONNECTION_NAME}__{name}" for name in config.mcp_tools) if config.mcp_url else ()
+
+
+def sign_in_tool_names(config: AssistantConfig) -> tuple[str, ...]:
+    """The tool that asks a user to sign in to the server from the conversation (`oauth` only)."""
+    return (f"{CONNECT_TOOL_PREFIX}{CONNECTION_NAME}",) if config.mcp_auth == "oauth" else ()
+
+
+def user_oauth(config: AssistantConfig, *, pool: Pool, keys: CredentialKeyring) -> McpOAuth:
+    """Each user's sign-in at the MCP server, their tokens and pending sign-ins kept as they are (RLS)."""
+    if config.mcp_url is None:
+        raise ValueError("BASTION_MCP_AUTH=oauth needs BASTION_MCP_URL.")
+    connection = McpOAuthConnection(
+        name=CONNECTION_NAME,
+        server_url=config.mcp_url,
+        redirect_uri=f"{config.base_url}/connections/{CONNECTION_NAME}/callback",
+        client_name="bastion assistant",
+    )
+    return McpOAuth(
+        [connection],
+        credentials=lambda who: PostgresCredentialProvider(pool, keys=keys, tenant_id=who.tenant_id),
+        states=PostgresAuthorizationStates(pool, keys=keys),
+    )
 
 
 @dataclass(frozen=True)
@@ -152,17 +181,22 @@ def _keyring(text: str, source: str) -> CredentialKeyring:
 
 
 def remote_tools(
-    config: AssistantConfig, *, user_credentials: UserCredentials | None = None
-) -> Callable[[Principal], Callable[[], Awaitable[AgentTools]]] | None:
-    """A per-turn opener of the configured MCP server, or None when none is configured.
+    config: AssistantConfig, *, user_credentials: UserCredentials | None = None, oauth: McpOAuth | None = None
+) -> Callable[[Principal, str], Callable[[], Awaitable[AgentTools]]] | None:
+    """A per-turn opener of the configured MCP server (for a user and a conversation), or None when none
+    is configured.
 
     With `BASTION_MCP_AUTH=user` each turn sends the signed-in user's stored credential, read afresh
     when the connection opens; a user without one is asked to connect before anything reaches the server.
+    With `oauth` a user who has not signed in gets the `connect_mcp` tool, whose call pauses the turn on a
+    Connect card until they have.
     """
     if config.mcp_url is None:
         return None
     if config.mcp_auth == "user" and user_credentials is None:
         raise ValueError("BASTION_MCP_AUTH=user needs the users' credential store.")
+    if config.mcp_auth == "oauth" and oauth is None:
+        raise ValueError("BASTION_MCP_AUTH=oauth needs the users' OAuth connections.")
     headers = {"Authorization": f"Bearer {config.mcp_token}"} if config.mcp_token else {}
     shared: McpConnectionDefinition[Principal] = McpConnectionDefinition(
         name=CONNECTION_NAME,
@@ -173,6 +207,8 @@ def remote_tools(
     )
 
     def definition_for(principal: Principal) -> McpConnectionDefinition[Principal]:
+        if oauth is not None:
+            return replace(shared, auth=oauth.auth(CONNECTION_NAME))
         if config.mcp_auth != "user" or user_credentials is None:
             return shared
         auth = credential_auth(
@@ -183,12 +219,17 @@ def remote_tools(
         )
         return replace(shared, auth=auth)
 
-    def for_user(principal: Principal) -> Callable[[], Awaitable[AgentTools]]:
+    def for_user(principal: Principal, conversation_id: str) -> Callable[[], Awaitable[AgentTools]]:
         definition = definition_for(principal)
 
         async def open_tools() -> AgentTools:
             try:
-                connections = await create_mcp_connections([definition], context=principal)
+                if oauth is not None:
+                    connections = await create_mcp_connections_with_sign_in(
+                        [definition], context=principal, oauth=oauth, conversation_id=conversation_id
+                    )
+                else:
+                    connections = await create_mcp_connections([definition], context=principal)
             except McpConnectionError as error:
                 raise _client_error(error) from None
             return AgentTools(

@@ -26,6 +26,8 @@ from bastion.assistant.remote import (
     credentials_keyring,
     remote_tool_names,
     remote_tools,
+    sign_in_tool_names,
+    user_oauth,
 )
 from bastion.assistant.support import inbox_settings
 from bastion.auth import SupabaseEnv
@@ -94,7 +96,7 @@ async def running_assistant(
     model = resolve_model(config)
     env, sign_in = supabase_env(config)
     keys = None
-    if config.mcp_auth == "user":
+    if config.mcp_auth in ("user", "oauth"):
         keys, generated = credentials_keyring(config)
         if generated:
             progress(
@@ -126,7 +128,10 @@ async def running_assistant(
                 await DurableEngine.launch(database.app_conninfo) as engine,
                 _delivering(engine, store, database) if config.hooks else contextlib.nullcontext(),
             ):
-                if keys is not None:
+                oauth = None
+                if keys is not None and config.mcp_auth == "oauth":
+                    oauth = user_oauth(config, pool=store.pool, keys=keys)
+                elif keys is not None:
                     user_credentials = UserCredentials(pool=store.pool, keys=keys)
                 app = AssistantApp(
                     store=store,
@@ -134,8 +139,10 @@ async def running_assistant(
                     env=env,
                     development_sign_in=sign_in,
                     history_window=config.history_window,
-                    remote_tools=remote_tools(config, user_credentials=user_credentials),
+                    remote_tools=remote_tools(config, user_credentials=user_credentials, oauth=oauth),
                     remote_tool_names=remote_tool_names(config),
+                    sign_in_tool_names=sign_in_tool_names(config),
+                    oauth=oauth,
                     user_credentials=user_credentials,
                     embedder=resolve_embedder(config),
                     **inbox_settings(config),

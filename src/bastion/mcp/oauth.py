@@ -250,6 +250,11 @@ class McpOAuth:
     async def connections(self, principal: Principal) -> list[ConnectionStatus]:
         return [await self._status(principal, name) for name in self._connections]
 
+    async def status(self, principal: Principal, name: str) -> ConnectionStatus:
+        """How the user's connection `name` stands."""
+        self.connection(name)
+        return await self._status(principal, name)
+
     async def disconnect(self, principal: Principal, name: str) -> None:
         """Delete the user's tokens, and revoke them at the server when it offers revocation."""
         connection = self.connection(name)
