@@ -1,6 +1,7 @@
-"""The stream log's cost does not grow with a turn's duration: nobody following, a turn writes its log
-at its step boundaries only, as many batches for a slow model as for a fast one; a reader that
-attaches mid-reply on another process asks the running worker to stream live, and gets every chunk."""
+"""The stream log's cost does not grow with a turn's duration: nobody following, a turn's log is stored
+by the writes the turn makes anyway (its tool's claim, its close), as many batches for a slow model as
+for a fast one; a reader that attaches mid-reply on another process asks the running worker to stream
+live, and gets every chunk."""
 
 from __future__ import annotations
 
