@@ -1,6 +1,7 @@
-"""The stream log's cost does not grow with a turn's duration: nobody following, a turn writes its log
-at its step boundaries only, as many batches for a slow model as for a fast one; a reader that
-attaches mid-reply on another process asks the running worker to stream live, and gets every chunk."""
+"""The stream log's cost does not grow with a turn's duration: nobody following, a turn's log is stored
+by the writes the turn makes anyway (its tool's claim, its close), as many batches for a slow model as
+for a fast one; a reader that attaches mid-reply on another process asks the running worker to stream
+live, and gets every chunk."""
 
 from __future__ import annotations
 
@@ -103,18 +104,18 @@ def chunks_of(text: str) -> list[dict[str, Any]]:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
 
-def log_batches(database: MigratedDatabase, conversation: str) -> int:
-    """How many batches the conversation's (only) run wrote to its stream log."""
+def log_batches(database: MigratedDatabase, conversation: str) -> list[list[dict[str, Any]]]:
+    """The chunks of each batch the conversation's (only) run wrote to its stream log, in order."""
     with psycopg.connect(database.admin_dsn) as conn:
-        row = conn.execute(
-            "select count(*) from bastion.run_chunks k join bastion.runs r on r.id = k.run_id "
-            "where r.conversation_id = %s",
+        rows = conn.execute(
+            "select k.chunks from bastion.run_chunks k join bastion.runs r on r.id = k.run_id "
+            "where r.conversation_id = %s order by k.id",
             (conversation,),
-        ).fetchone()
-    return int(row[0]) if row else 0
+        ).fetchall()
+    return [row[0] for row in rows]
 
 
-async def test_a_turn_nobody_follows_writes_as_many_log_batches_for_a_slow_model_as_for_a_fast_one(
+async def test_a_turn_nobody_follows_writes_its_log_with_its_tool_claim_and_its_close_however_slow(
     migrated_database: MigratedDatabase,
 ) -> None:
     keys = SigningKeys()
@@ -131,12 +132,16 @@ async def test_a_turn_nobody_follows_writes_as_many_log_batches_for_a_slow_model
                 headers=headers(keys, user),
             )
             assert response.status_code == 200, response.text
-            deltas = [c["delta"] for c in chunks_of(response.text) if c["type"] == "text-delta"]
+            sent = chunks_of(response.text)
+            deltas = [c["delta"] for c in sent if c["type"] == "text-delta"]
             assert deltas == [f"w{index} " for index in range(30)]
-            written.append(log_batches(migrated_database, conversation))
-    # Two steps (the tool call, then the text): at most one batch each (a step that ends while the
-    # previous write is in flight joins the next), and the `finish` written on closing.
-    assert all(2 <= count <= 3 for count in written[1:]), written
+            batches = log_batches(migrated_database, conversation)
+            # The log holds every chunk the client was sent, `finish` included, in order.
+            assert [chunk for batch in batches for chunk in batch] == sent
+            written.append(len(batches))
+    # Two steps (the tool call, then the text), and no write of the log's own: the tool's claim
+    # stores the log up to the call, the turn's close the rest, `finish` included.
+    assert written[1:] == [2, 2, 2], written
 
 
 async def test_a_follower_attaching_mid_reply_on_another_process_gets_every_chunk_live(

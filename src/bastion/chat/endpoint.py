@@ -211,6 +211,11 @@ class ChatEndpoint(Generic[ContextT]):
                 log = self.live.log(
                     turn.identity, run.state.run_id, on_stop=stop.set, checkpoints=checkpoints
                 )
+                carried = getattr(self.persistence, "carries_stream_logs", False)
+                if carried and isinstance(run.state, TurnState):
+                    # The run's tool claims and its close store the log: no transactions of its own.
+                    run.state.log = log
+                    log.carried = True
             if durable is not None:
                 durable.attach(log)
             # A closed tab does not stop the run: the reply is finished and saved for the next visit.

@@ -213,18 +213,33 @@ class _Turn:
                 await self._flush_log()
                 finish_metadata = self._finish_metadata()
                 self._assembler.apply_metadata(finish_metadata)
-                status = await self._settle(status)
-                finish: dict[str, Any] = {"type": "finish"}
-                reason = "error" if status == "failed" else self._result.finish_reason
-                if reason is not None:
-                    finish["finishReason"] = reason if reason in _FINISH_REASONS else "other"
-                if finish_metadata is not None:
-                    finish["messageMetadata"] = finish_metadata
-                self._emit(finish)
+                self._hold_finish(status, finish_metadata)
+                status = await self._settle(status, finish_metadata)
+                finish = self._finish_chunk(status, finish_metadata)
+                if self._chunk_log is None:
+                    self._emit(finish)
+                else:
+                    self._send(_event(finish))
                 self._send(_DONE)
             finally:
                 events.close()
                 await self._close_log()
+
+    def _finish_chunk(self, status: StreamStatus, metadata: dict[str, Any] | None) -> dict[str, Any]:
+        finish: dict[str, Any] = {"type": "finish"}
+        reason = "error" if status == "failed" else self._result.finish_reason
+        if reason is not None:
+            finish["finishReason"] = reason if reason in _FINISH_REASONS else "other"
+        if metadata is not None:
+            finish["messageMetadata"] = metadata
+        return finish
+
+    def _hold_finish(self, status: StreamStatus, metadata: dict[str, Any] | None) -> None:
+        """bastion's log holds the `finish` chunk for the write that closes the run (or its own close):
+        it is known before the turn is saved, and sent after."""
+        if self._chunk_log is not None:
+            wire, parsed = to_client_json(self._finish_chunk(status, metadata))
+            self._chunk_log.closing(parsed, wire)
 
     def _finish_metadata(self) -> dict[str, Any] | None:
         """The turn's token usage, when asked for and the result counts it (bastion's loop does)."""
@@ -259,7 +274,7 @@ class _Turn:
             return "cancelled"
         return "completed"
 
-    async def _settle(self, status: StreamStatus) -> StreamStatus:
+    async def _settle(self, status: StreamStatus, finish_metadata: dict[str, Any] | None) -> StreamStatus:
         if self._on_finish is not None:
             try:
                 await self._on_finish(response_message=self._assembler.assembled_message(), status=status)
@@ -268,6 +283,7 @@ class _Turn:
                 if status != "failed":
                     self._emit({"type": "error", "errorText": self._error_text(exc)})
                 status = "failed"
+                self._hold_finish(status, finish_metadata)
         if self._on_settled is not None:
             try:
                 await self._on_settled(status=status)
@@ -301,7 +317,10 @@ class _Turn:
     async def _flush_log(self) -> None:
         if self._log is not None:
             try:
-                await self._log.flush()
+                if self._chunk_log is not None:
+                    await self._chunk_log.flush_before_close()  # a carried one rides the run's close
+                else:
+                    await self._log.flush()
             except Exception:
                 logger.exception("Writing the turn's stream log failed.")
 

@@ -7,9 +7,11 @@ a conversation's next turn usually costs a single round trip to claim.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from bastion._extras import missing_extra
 
@@ -67,6 +69,7 @@ from bastion.stores.errors import (
     ToolOperationUncertainError,
     TurnConflictError,
 )
+from bastion.stores.live import LogCarry
 
 
 class PostgresRunHost(Protocol):
@@ -116,7 +119,13 @@ class PostgresAgentPersistence(TurnPersistence):
     (a durable chat turn's stream log carries the mark with its next write; `mark_durable` marks on
     its own): it is not replaced when its process dies, since a live process adopts it
     (`adopt_run`) and finishes it; only its lease running out frees its conversation then.
+
+    A turn's stream log set on its state (`TurnState.log`) rides its tool claims and its close: what
+    the log holds is stored in the same statement (`ChunkLog.carry`), so the log needs no
+    transaction of its own for it.
     """
+
+    carries_stream_logs: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -400,26 +409,31 @@ class PostgresAgentPersistence(TurnPersistence):
     async def _claim_tool(
         self, context: TurnContext, state: TurnState, checked: CheckedOperation, results: list[dict[str, Any]]
     ) -> dict[str, Any]:
-        """One round trip: record this run's earlier results and claim the operation."""
+        """One round trip: record this run's earlier results, store its stream log so far (and a durable
+        turn's checkpoints, fenced) and claim the operation."""
         try:
-            with database_errors():
-                async with self._store.transaction(context.identity) as conn:
-                    checkpoints = await _fence(conn, state)
-                    cursor = await conn.execute(
-                        "select bastion.claim_tool(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                        (
-                            state.conversation_id,
-                            state.run_id,
-                            checked.key,
-                            checked.call_id,
-                            checked.name,
-                            Jsonb(checked.input),
-                            checked.idempotent,
-                            self._lease_seconds,
-                            Jsonb(recordable(results)),
-                        ),
-                    )
-                claim: dict[str, Any] = single_value(await cursor.fetchone())
+            async with _carried_log(state, closing=False) as log:
+                checkpoints = _checkpoints(state)
+                with database_errors():
+                    async with self._store.transaction(context.identity) as conn:
+                        cursor = await conn.execute(
+                            "select bastion.claim_tool(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                            (
+                                state.conversation_id,
+                                state.run_id,
+                                checked.key,
+                                checked.call_id,
+                                checked.name,
+                                Jsonb(checked.input),
+                                checked.idempotent,
+                                self._lease_seconds,
+                                Jsonb(recordable(results)),
+                                *_fence(state, checkpoints),
+                                Jsonb(log.json(), dumps=_as_is),
+                            ),
+                        )
+                    claim: dict[str, Any] = single_value(await cursor.fetchone())
+                log.stop = bool(claim.get("stop"))
             _stored(state, checkpoints)
         except BaseException:
             self._tails.evict(tail_key(context.identity, state.conversation_id))
@@ -439,21 +453,24 @@ class PostgresAgentPersistence(TurnPersistence):
         key = tail_key(context.identity, state.conversation_id)
         self._store.leases.release(state.run_id)
         try:
-            with database_errors():
-                async with self._store.transaction(context.identity) as conn:
-                    checkpoints = await _fence(conn, state)
-                    cursor = await conn.execute(
-                        "select bastion.close_turn(%s, %s, %s, %s, %s, %s)",
-                        (
-                            state.conversation_id,
-                            state.run_id,
-                            status,
-                            Jsonb(message) if message is not None else None,
-                            Jsonb(recordable(results)),
-                            Jsonb(events),
-                        ),
-                    )
-                closed = single_value(await cursor.fetchone())
+            async with _carried_log(state, closing=True) as log:
+                checkpoints = _checkpoints(state)
+                with database_errors():
+                    async with self._store.transaction(context.identity) as conn:
+                        cursor = await conn.execute(
+                            "select bastion.close_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                            (
+                                state.conversation_id,
+                                state.run_id,
+                                status,
+                                Jsonb(message) if message is not None else None,
+                                Jsonb(recordable(results)),
+                                Jsonb(events),
+                                *_fence(state, checkpoints),
+                                Jsonb(log.json(), dumps=_as_is),
+                            ),
+                        )
+                    closed = single_value(await cursor.fetchone())
             _stored(state, checkpoints)
         except BaseException:
             self._tails.evict(key)
@@ -480,17 +497,33 @@ class PostgresAgentPersistence(TurnPersistence):
         )
 
 
-async def _fence(conn: Connection, state: TurnState) -> list[dict[str, Any]] | None:
-    """For a durable turn, queue `bastion.record_run_steps` ahead of the write in its transaction: it
-    fails the write unless this process still runs the run, and stores the pending checkpoints."""
-    checkpoints = state.checkpoints
-    if checkpoints is None:
-        return None
-    taken = checkpoints.take()
-    await conn.execute(
-        "select bastion.record_run_steps(%s, %s, %s)", (state.run_id, checkpoints.worker, Jsonb(taken))
-    )
-    return taken
+def _checkpoints(state: TurnState) -> list[dict[str, Any]] | None:
+    """A durable turn's pending checkpoints, for its next claim or close to store."""
+    return state.checkpoints.take() if state.checkpoints is not None else None
+
+
+def _fence(state: TurnState, taken: list[dict[str, Any]] | None) -> tuple[int | None, Jsonb | None]:
+    """For a durable turn, the process running the run, which the write is fenced by (it fails unless
+    this process still runs the run), and the checkpoints it stores."""
+    if state.checkpoints is None:
+        return None, None
+    return state.checkpoints.worker, Jsonb(taken)
+
+
+@contextlib.asynccontextmanager
+async def _carried_log(state: TurnState, *, closing: bool) -> AsyncIterator[LogCarry]:
+    """The run's stream log batches not written yet, for its claim or close to store in the same
+    statement (`ChunkLog.carry`); none when the turn has no log."""
+    if state.log is None:
+        yield LogCarry([])
+        return
+    async with state.log.carry(closing=closing) as carried:
+        yield carried
+
+
+def _as_is(text: str) -> str:
+    """The log's batches are JSON text already (each chunk's wire JSON): sent as they are."""
+    return text
 
 
 def _stored(state: TurnState, taken: list[dict[str, Any]] | None) -> None:

@@ -19,6 +19,7 @@ from bastion.stores.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from bastion.auth import Principal
+    from bastion.stores.live import ChunkLog
 
 __all__ = [
     "Conversation",
@@ -100,7 +101,8 @@ class TurnState:
     """A claimed turn: plain, serializable ids, plus what this process still has to record.
 
     `unrecorded_results` and `running_tool_calls` name operations by their operation key.
-    `checkpoints` is set on a durable turn's state (`bastion.stores.checkpoints`).
+    `checkpoints` is set on a durable turn's state (`bastion.stores.checkpoints`); `log` on a turn
+    whose stream log the run's own writes carry (`ChunkLog.carry`).
     """
 
     conversation_id: str
@@ -110,6 +112,7 @@ class TurnState:
     unrecorded_results: list[dict[str, Any]] = field(default_factory=list, repr=False)
     running_tool_calls: set[str] = field(default_factory=set, repr=False)
     checkpoints: TurnCheckpoints | None = field(default=None, repr=False)
+    log: ChunkLog | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,13 +3,15 @@ from its start and followed, and the stop signal of a running turn.
 
 A turn writes its chunks through a `ChunkLog`. Nobody reading, the log is written at each step
 boundary (a `finish-step` chunk, or `step_boundary()`) and when flushed or closed: a turn writes a
-bounded number of batches however long it takes. A reader that follows the run (`follow()`, asked
-for across processes through the store's notification channel) makes the log write what it holds
-at once and then every `interval` seconds, each write waking the followers. Each batch names the
-turn position of its first chunk. A batch marked `reset` starts a new attempt at its position (a
-durable step re-ran after its worker died): what an earlier attempt wrote from there on is
-superseded. `StreamAssembly` applies batches in the order they were written and tells a reader
-what to send.
+bounded number of batches however long it takes. A log `carried` by the run's own writes (a tool's
+claim, the turn's close: `carry()`) has no transaction of its own for that, unless a step boundary
+stores more than chunks (a durable turn's checkpoints and tool results: `boundary_writes`). A reader that
+follows the run (`follow()`, asked for across processes through the store's notification channel)
+makes the log write what it holds at once and then every `interval` seconds, each write waking the
+followers. Each batch names the turn position of its first chunk. A batch marked `reset` starts a
+new attempt at its position (a durable step re-ran after its worker died): what an earlier attempt
+wrote from there on is superseded. `StreamAssembly` applies batches in the order they were written
+and tells a reader what to send.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "ChunkLog",
     "LiveRun",
     "LiveTurns",
+    "LogCarry",
     "StreamAssembly",
     "StreamSuperseded",
 ]
@@ -114,6 +117,31 @@ class StreamAssembly:
         return bool(self.chunks) and self.chunks[-1].get("type") == "finish"
 
 
+@dataclass(slots=True)
+class LogCarry:
+    """A stream log's batches handed to a write the run makes anyway; `stop` is what it answered
+    about the run being asked to stop."""
+
+    batches: list[ChunkBatch]
+    stop: bool = False
+
+    def json(self) -> str:
+        """The batches as `[{seq, reset, chunks, durable, notify}]`, each chunk's wire text reused."""
+        return (
+            "["
+            + ",".join(
+                f'{{"seq":{b.seq},"reset":{_flag(b.reset)},"durable":{_flag(b.durable)},'
+                f'"notify":{_flag(b.notify)},"chunks":{b.json().decode()}}}'
+                for b in self.batches
+            )
+            + "]"
+        )
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
 ChunkSink = Callable[[ChunkBatch], Awaitable[bool]]
 """Writes one batch; returns whether the run was asked to stop."""
 
@@ -143,6 +171,7 @@ class ChunkLog:
         on_stop: Callable[[], None] | None = None,
         on_close: Callable[[], None] | None = None,
         position: int = 0,
+        boundary_writes: Callable[[], bool] | None = None,
     ) -> None:
         self._sink = sink
         self._interval = interval
@@ -158,6 +187,10 @@ class ChunkLog:
         self._due = False  # write at once, without waiting for more chunks
         self._owed = False  # a write is owed even with no chunks (a follower's answer, a stop check)
         self._mark_durable = False
+        self._boundary_writes = boundary_writes
+        self._last: tuple[Chunk, bytes | None] | None = None  # the turn's last chunk, held for its close
+        self._last_written = False
+        self.carried = False
 
     @property
     def position(self) -> int:
@@ -189,9 +222,85 @@ class ChunkLog:
 
     def step_boundary(self) -> None:
         """A step ended: write what the log holds now, without waiting (the write runs in the background;
-        `await flush()` to wait for it)."""
+        `await flush()` to wait for it). A `carried` log leaves it to the run's next write, unless it
+        is followed or its `boundary_writes()` says this boundary stores more than chunks."""
+        if self.carried and not self._followed and not (self._boundary_writes and self._boundary_writes()):
+            return
+        self._write_soon()
+
+    def _write_soon(self) -> None:
         self._due = True
         self._schedule()
+
+    async def flush_before_close(self) -> None:
+        """Before the turn's close: a carried log writes now only what a step boundary asked to be
+        written on its own (a durable turn's last checkpoint), after a write in flight; the close
+        carries the rest. Any other log writes everything now."""
+        if not self.carried or self._due or self._lock.locked():
+            await self.flush()
+
+    def closing(self, chunk: Chunk, encoded: bytes | None = None) -> None:
+        """The turn's last chunk (`finish`), known before the turn closes: the write that closes the run
+        carries it after everything else (`carry(closing=True)`), else `close()` writes it. Given again
+        before it is written, it replaces the earlier one (the turn's outcome changed)."""
+        if not self._closed and not self._last_written:
+            self._last = (chunk, encoded)
+
+    @contextlib.asynccontextmanager
+    async def carry(self, *, closing: bool = False) -> AsyncIterator[LogCarry]:
+        """What the log holds, for a write the run makes anyway (a tool's claim, the turn's close) to
+        store in its own transaction: no write of its own. With `closing`, the turn's last chunk too.
+        If the block fails, all of it stays for the next write."""
+        async with self._lock:
+            if closing and self._last is not None:
+                chunk, encoded = self._last
+                self._last = None
+                self.add(chunk, encoded)
+                last: tuple[Chunk, bytes | None] | None = (chunk, encoded)
+            else:
+                last = None
+            pending, self._segments = self._segments, []
+            if pending and not pending[-1].chunks and not (closing or self._closed):
+                self._segments.append(pending.pop())  # a new attempt's start waits for its chunks
+            marking = self._mark_durable
+            batches = [
+                ChunkBatch(
+                    segment.seq,
+                    segment.chunks,
+                    segment.reset,
+                    durable=marking and index == 0,
+                    notify=self._followed,
+                    encoded=segment.encoded,
+                )
+                for index, segment in enumerate(pending)
+            ]
+            if marking and not batches:
+                batches.append(ChunkBatch(self._position, (), durable=True, notify=self._followed))
+            carried = LogCarry(batches)
+            try:
+                yield carried
+            except BaseException:
+                if last is not None:
+                    self._withdraw(pending, last)
+                self._segments[:0] = pending
+                raise
+            if marking:
+                self._mark_durable = False
+            self._owed = False
+            self._last_written = self._last_written or last is not None
+        if carried.stop and self._on_stop is not None:
+            self._on_stop()
+
+    def _withdraw(self, pending: list[_Segment], last: tuple[Chunk, bytes | None]) -> None:
+        """Take the turn's last chunk back out of `pending` (its write failed): it is held again."""
+        segment = pending[-1]
+        segment.chunks.pop()
+        if len(segment.encoded) > len(segment.chunks):
+            segment.encoded.pop()
+        if not segment.chunks and not segment.reset:
+            pending.pop()
+        self._position -= 1
+        self._last = last
 
     def follow(self) -> None:
         """A reader follows the run: write what the log holds at once, a write of no chunks if it holds
@@ -204,7 +313,7 @@ class ChunkLog:
     def check(self) -> None:
         """Write at once even with nothing to log, to learn whether the run was asked to stop."""
         self._owed = True
-        self.step_boundary()
+        self._write_soon()
 
     def mark_durable(self) -> None:
         """The run's workflow exists: the next write marks the run durable too, so the mark costs
@@ -264,7 +373,12 @@ class ChunkLog:
         return True
 
     async def close(self) -> None:
-        """Flush and stop writing; later chunks are dropped."""
+        """Flush (with the turn's last chunk, if no write carried it) and stop writing; later chunks
+        are dropped."""
+        if self._last is not None:
+            chunk, encoded = self._last
+            self._last = None
+            self.add(chunk, encoded)
         self._closed = True
         self._wake.set()
         if self._task is not None:

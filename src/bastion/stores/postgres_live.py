@@ -111,7 +111,20 @@ class PostgresLiveTurns:
             _discard(self._logs, run_id, log)
 
         self._ensure_listening()
-        log = ChunkLog(write, interval=self._flush_interval, on_stop=on_stop, on_close=closed)
+
+        def results_pending() -> bool:
+            # A durable turn's step boundary stores what the step finished at once: its model request
+            # (a successor never asks it again) and its tools' results (a process dying during the
+            # next request leaves no outcome unknown to its successor).
+            return checkpoints is not None and bool(checkpoints.pending or checkpoints.take_results())
+
+        log = ChunkLog(
+            write,
+            interval=self._flush_interval,
+            on_stop=on_stop,
+            on_close=closed,
+            boundary_writes=results_pending,
+        )
         self._logs.setdefault(run_id, set()).add(log)
         return log
 
