@@ -42,7 +42,7 @@ from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
 from bastion.stores._turns import check_storable_message
 from bastion.stores.entities import StoreIdentity, TurnContext, TurnState, title_from_text
 from bastion.stores.errors import InvalidInputError, NotFoundError
-from bastion.stores.live import ChunkLog, LiveTurns, StreamSuperseded
+from bastion.stores.live import ChunkLog, FollowedRun, LiveTurns, StreamSuperseded
 from bastion.stores.protocol import LiveTurnStore, Store
 from bastion.worker import RequestContext, Route
 
@@ -262,21 +262,23 @@ class ChatEndpoint(Generic[ContextT]):
             204: None,
         },
         query=ResumeQuery,
-        errors=(404,),
+        errors=(404, 429),
     )
     async def resume(self, request: Request, context: RequestContext, *, query: ResumeQuery) -> Response:
         """The AI SDK resume protocol: 204 when no turn is in flight, else the current turn's UI message
         stream from its start, then live until it ends. `?resetStep=1` (AI SDK 7) retracts a step a
-        taken-over turn re-runs with `reset-step`; otherwise the response closes and the client resumes."""
+        taken-over turn re-runs with `reset-step`; otherwise the response closes and the client resumes.
+        A user (or a turn) with as many followers as the store allows gets 429 `too_many_followers`
+        with `Retry-After`."""
         live = self._live()
         identity = StoreIdentity.from_principal(context.require_principal())
         conversation_id = _conversation_id(context)
         current = await live.live_run(identity, conversation_id)
         if current is None:
             return Response(status_code=204)
-        reset_step = query.resetStep == "1"
-        chunks = live.follow(identity, current.run_id, reset_step=reset_step)
-        return StreamingResponse(_events(chunks), headers=dict(UI_MESSAGE_STREAM_HEADERS))
+        # Past the caps (`FollowerLimits`) this refuses with 429 before anything is streamed.
+        followed = live.follow(identity, current.run_id, reset_step=query.resetStep == "1")
+        return _FollowerResponse(followed)
 
     def _live(self) -> LiveTurns:
         if self.live is None:
@@ -386,6 +388,21 @@ def chat_routes(
         durable=durable,
         durable_name=durable_name,
     ).routes()
+
+
+class _FollowerResponse(StreamingResponse):
+    """A follower's stream as SSE; its place is freed as soon as the response ends, whether the stream
+    ended, the client left or the response never started."""
+
+    def __init__(self, followed: FollowedRun) -> None:
+        super().__init__(_events(aiter(followed)), headers=dict(UI_MESSAGE_STREAM_HEADERS))
+        self.followed = followed
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.followed.aclose()
 
 
 async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:

@@ -29,6 +29,7 @@ from bastion.stores.entities import StoreIdentity
 __all__ = [
     "ChunkBatch",
     "ChunkLog",
+    "FollowedRun",
     "LiveRun",
     "LiveTurns",
     "StreamAssembly",
@@ -297,6 +298,14 @@ class LiveTurns(Protocol):
 
     async def live_run(self, identity: StoreIdentity, conversation_id: str) -> LiveRun | None: ...
 
-    def follow(
-        self, identity: StoreIdentity, run_id: str, *, reset_step: bool = False
-    ) -> AsyncIterator[Chunk]: ...
+    def follow(self, identity: StoreIdentity, run_id: str, *, reset_step: bool = False) -> FollowedRun:
+        """The run's stream from its start, then live; may refuse a follower at once (a `StoreError`)."""
+        ...
+
+
+class FollowedRun(Protocol):
+    """A follower's stream of a run: its chunks, and `aclose()` to stop following at once."""
+
+    def __aiter__(self) -> AsyncIterator[Chunk]: ...
+
+    async def aclose(self) -> None: ...
