@@ -24,6 +24,7 @@ from bastion.assistant.dev_auth import DevelopmentSignIn, InvalidUserNameError
 from bastion.assistant.remote import credentials_keyring
 from bastion.assistant.server import supabase_env
 from bastion.auth import TokenVerifier
+from bastion.stores import FollowerLimits
 from tests.scripted import collect, user
 
 USER_MCP = {
@@ -51,6 +52,8 @@ def test_defaults_need_no_configuration() -> None:
         ({"BASTION_MCP_AUTH": "user"}, "BASTION_MCP_AUTH=user needs BASTION_MCP_URL"),
         ({**USER_MCP, "BASTION_MCP_TOKEN": "app-token"}, "unset one of them"),
         ({"BASTION_RETAIN_EVENTS": "30 days"}, "BASTION_RETAIN_EVENTS must be an age such as 7d"),
+        ({"BASTION_MAX_FOLLOWERS_PER_USER": "0"}, "BASTION_MAX_FOLLOWERS_PER_USER must be a positive"),
+        ({"BASTION_MAX_FOLLOWERS_PER_TURN": "many"}, "BASTION_MAX_FOLLOWERS_PER_TURN must be a positive"),
     ],
 )
 def test_bad_settings_name_the_variable_and_the_fix(environ: dict[str, str], says: str) -> None:
@@ -62,6 +65,13 @@ def test_retention_ages_default_and_are_set_by_age() -> None:
     assert AssistantConfig.from_env({}).retain_events == timedelta(days=30)
     config = AssistantConfig.from_env({"BASTION_RETAIN_TURNS": "12h", "BASTION_RETAIN_INBOX_JOBS": "90m"})
     assert (config.retain_turns, config.retain_inbox_jobs) == (timedelta(hours=12), timedelta(minutes=90))
+
+
+def test_follower_caps_default_and_are_set_by_count() -> None:
+    assert AssistantConfig.from_env({}).follower_limits() == FollowerLimits(per_user=20, per_turn=10)
+    caps = {"BASTION_MAX_FOLLOWERS_PER_USER": "3", "BASTION_MAX_FOLLOWERS_PER_TURN": "2"}
+    config = AssistantConfig.from_env(caps)
+    assert config.follower_limits() == FollowerLimits(per_user=3, per_turn=2)
 
 
 def test_an_unknown_model_name_says_what_to_use_instead() -> None:
