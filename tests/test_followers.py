@@ -226,3 +226,29 @@ async def test_another_users_follower_is_unaffected_by_a_user_at_the_cap_and_nev
 def test_follower_limits_refuse_a_cap_below_one() -> None:
     with pytest.raises(ValueError, match="per_turn"):
         FollowerLimits(per_turn=0)
+
+
+async def test_followers_of_a_closing_store_end_short_so_their_clients_resume(store: PostgresStore) -> None:
+    from bastion import start_agent_run
+    from bastion.chat.endpoint import _events
+    from bastion.stores import TurnContext
+
+    identity = StoreIdentity(user_id=str(uuid.uuid4()), tenant_id=TENANT)
+    conversation = (await store.create_conversation(identity, title="t")).id
+    run = await start_agent_run(
+        persistence=store.persistence(),
+        context=TurnContext(identity=identity, conversation_id=conversation, request_id=str(uuid.uuid4())),
+        messages=[{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}],
+        trigger="submit-message",
+    )
+    live = store.live_turns()
+    log = live.log(identity, run.state.run_id, on_stop=lambda: None)
+    log.add({"type": "start", "messageId": "a1"})
+    await log.flush()
+    events = _events(aiter(live.follow(identity, run.state.run_id)))
+    async with asyncio.timeout(WAIT):
+        assert await anext(events) == b'data: {"type":"start","messageId":"a1"}\n\n'
+        await live.followers.close()
+        assert [event async for event in events] == []  # no `[DONE]`: the stream was cut short
+    assert live.followers.readers == 0
+    await log.close()

@@ -42,7 +42,7 @@ from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
 from bastion.stores._turns import check_storable_message
 from bastion.stores.entities import StoreIdentity, TurnContext, TurnState, title_from_text
 from bastion.stores.errors import InvalidInputError, NotFoundError
-from bastion.stores.live import ChunkLog, FollowedRun, LiveTurns, StreamSuperseded
+from bastion.stores.live import ChunkLog, FollowedRun, LiveTurns, StreamInterrupted, StreamSuperseded
 from bastion.stores.protocol import LiveTurnStore, Store
 from bastion.worker import RequestContext, Route
 
@@ -413,6 +413,9 @@ async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]
             yield b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
     except StreamSuperseded:
         logger.info("A resumed stream was superseded by a take-over; the client replays it.")
+        return
+    except StreamInterrupted:
+        logger.info("A resumed stream's reader stopped with its store; the client resumes it.")
         return
     yield b"data: [DONE]\n\n"
 

@@ -25,7 +25,7 @@ from typing import Final, TypeAlias
 from bastion._ui_chunks import Chunk
 from bastion.stores.entities import StoreIdentity
 from bastion.stores.errors import TooManyFollowersError
-from bastion.stores.live import ChunkBatch, StreamAssembly, StreamSuperseded
+from bastion.stores.live import ChunkBatch, StreamAssembly, StreamInterrupted, StreamSuperseded
 
 __all__ = ["DEFAULT_FOLLOWER_LIMITS", "FollowedStream", "FollowerLimits", "TurnFollowers"]
 
@@ -249,9 +249,10 @@ class TurnFollowers:
             del self._feeds[feed.key]
 
     async def close(self) -> None:
-        """Stop every reader (their followers end with what they read)."""
+        """Stop every reader; their followers end short (`StreamInterrupted`), so their clients resume."""
         feeds, self._feeds = list(self._feeds.values()), {}
         for feed in feeds:
+            feed.error = StreamInterrupted()
             if feed.task is not None:
                 feed.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -33,6 +33,7 @@ __all__ = [
     "LiveRun",
     "LiveTurns",
     "StreamAssembly",
+    "StreamInterrupted",
     "StreamSuperseded",
 ]
 
@@ -45,6 +46,10 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 class StreamSuperseded(Exception):
     """A follower already sent chunks a new attempt replaced, and cannot retract them (AI SDK 6)."""
+
+
+class StreamInterrupted(Exception):
+    """A follower's reader stopped before the turn ended (the store closed): the client resumes."""
 
 
 @dataclass(frozen=True, slots=True)
