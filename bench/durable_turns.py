@@ -15,6 +15,7 @@ embedded Postgres with `pg_stat_statements`. Rounds alternate between them. Figu
   200 resumed streams follow (past the caps, 429), against 0 in the same round.
 
     python -m bench.durable_turns [--rounds 3] [--turns 48] [--takeovers 5] [--followers 200]
+        [--follower-cap N]
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from bench.tokens import SUPABASE_URL, signing_project
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("today", "durable")
+FOLLOWER_CAP = "BENCH_FOLLOWER_CAP"
 
 
 # --- the application, in each server process -------------------------------------------------------
@@ -96,7 +98,7 @@ async def serve(mode: str, port: int, admin_url: str, jwks_path: str) -> None:
     from bastion.auth import SupabaseEnv
     from bastion.chat.endpoint import chat_routes
     from bastion.durable import DurableEngine, migrate_durable
-    from bastion.stores import PostgresStore
+    from bastion.stores import FollowerLimits, PostgresStore
     from bastion.worker import create_agent_worker
     from bench.systems.bastion import APP_ROLE, prepare_database
 
@@ -110,7 +112,10 @@ async def serve(mode: str, port: int, admin_url: str, jwks_path: str) -> None:
     if mode == "durable":
         await migrate_durable(admin_url, app_role=APP_ROLE)
         engine = await DurableEngine.launch(app_url)
-    store = await PostgresStore.open(app_url, min_size=16, max_size=16)
+    # `--follower-cap N` lifts the followers' caps to N, to measure the shared reader without them.
+    cap = int(os.environ.get(FOLLOWER_CAP, "0"))
+    limits = FollowerLimits(per_user=cap, per_turn=cap) if cap else FollowerLimits()
+    store = await PostgresStore.open(app_url, min_size=16, max_size=16, follower_limits=limits)
     agent = define_agent(name="bench", instructions="Answer.", tools=lambda _: [lookup], max_steps=12)
     options: dict[str, Any] = {"durable": engine} if engine is not None else {}
     routes = chat_routes(
@@ -483,7 +488,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--turns", type=int, default=48)
     parser.add_argument("--takeovers", type=int, default=5)
     parser.add_argument("--followers", type=int, default=200, help="0 leaves the followers' figure out")
+    parser.add_argument("--follower-cap", type=int, default=0, help="lift the followers' caps to this")
     arguments = parser.parse_args(argv)
+    if arguments.follower_cap:
+        os.environ[FOLLOWER_CAP] = str(arguments.follower_cap)  # read by the servers it starts
     figures = measure(arguments.rounds, arguments.turns, arguments.takeovers, arguments.followers)
     print(asyncio.run(figures))
     return 0
