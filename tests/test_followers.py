@@ -228,9 +228,9 @@ def test_follower_limits_refuse_a_cap_below_one() -> None:
         FollowerLimits(per_turn=0)
 
 
-async def test_followers_of_a_closing_store_end_short_so_their_clients_resume(store: PostgresStore) -> None:
+async def running_turn(store: PostgresStore) -> tuple[StoreIdentity, str]:
+    """A claimed turn nothing streams: its log is written by hand."""
     from bastion import start_agent_run
-    from bastion.chat.endpoint import _events
     from bastion.stores import TurnContext
 
     identity = StoreIdentity(user_id=str(uuid.uuid4()), tenant_id=TENANT)
@@ -241,14 +241,48 @@ async def test_followers_of_a_closing_store_end_short_so_their_clients_resume(st
         messages=[{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}],
         trigger="submit-message",
     )
+    return identity, run.state.run_id
+
+
+async def test_followers_of_a_closing_store_end_short_so_their_clients_resume(store: PostgresStore) -> None:
+    from bastion.chat.endpoint import _events
+
+    identity, run_id = await running_turn(store)
     live = store.live_turns()
-    log = live.log(identity, run.state.run_id, on_stop=lambda: None)
+    log = live.log(identity, run_id, on_stop=lambda: None)
     log.add({"type": "start", "messageId": "a1"})
     await log.flush()
-    events = _events(aiter(live.follow(identity, run.state.run_id)))
+    events = _events(aiter(live.follow(identity, run_id)))
     async with asyncio.timeout(WAIT):
         assert await anext(events) == b'data: {"type":"start","messageId":"a1"}\n\n'
         await live.followers.close()
         assert [event async for event in events] == []  # no `[DONE]`: the stream was cut short
     assert live.followers.readers == 0
     await log.close()
+
+
+async def test_a_follower_is_sent_what_each_read_brought_in_one_write(store: PostgresStore) -> None:
+    from bastion.chat.endpoint import _grouped_events
+
+    identity, run_id = await running_turn(store)
+    live = store.live_turns()
+    log = live.log(identity, run_id, on_stop=lambda: None)
+    for chunk in ({"type": "start"}, {"type": "start-step"}, {"type": "text-start", "id": "t"}):
+        log.add(chunk)
+    await log.flush()
+    followed = live.follow(identity, run_id)
+    events = _grouped_events(followed.groups())
+    async with asyncio.timeout(WAIT):
+        first = await anext(events)  # one write carries the three chunks the first read brought
+        assert [chunk["type"] for chunk in sse_chunks(first.decode())] == [
+            "start",
+            "start-step",
+            "text-start",
+        ]
+        log.add({"type": "text-delta", "id": "t", "delta": "Hi"})
+        log.add({"type": "finish"})
+        await log.close()
+        rest = [event async for event in events]
+    assert [chunk["type"] for chunk in sse_chunks(rest[0].decode())] == ["text-delta", "finish"]
+    assert rest[1:] == [b"data: [DONE]\n\n"]
+    assert live.followers.readers == 0

@@ -395,7 +395,7 @@ class _FollowerResponse(StreamingResponse):
     ended, the client left or the response never started."""
 
     def __init__(self, followed: FollowedRun) -> None:
-        super().__init__(_events(aiter(followed)), headers=dict(UI_MESSAGE_STREAM_HEADERS))
+        super().__init__(_grouped_events(followed.groups()), headers=dict(UI_MESSAGE_STREAM_HEADERS))
         self.followed = followed
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -406,11 +406,21 @@ class _FollowerResponse(StreamingResponse):
 
 
 async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """SSE events of a followed stream. A stream the reader cannot retract ends without `[DONE]`: the
-    client sees it cut short and resumes, and the replay it then reads is whole."""
+    """SSE events of a followed stream, one write per chunk."""
+    async for event in _grouped_events([chunk] async for chunk in chunks):
+        yield event
+
+
+async def _grouped_events(groups: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
+    """SSE events of a followed stream, one write per group of chunks (what one read of the log brought:
+    a follower costs a write per read, not per chunk). A stream the reader cannot retract ends without
+    `[DONE]`: the client sees it cut short and resumes, and the replay it then reads is whole."""
     try:
-        async for chunk in chunks:
-            yield b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+        async for chunks in groups:
+            yield b"".join(
+                b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+                for chunk in chunks
+            )
     except StreamSuperseded:
         logger.info("A resumed stream was superseded by a take-over; the client replays it.")
         return

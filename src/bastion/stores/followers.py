@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
@@ -124,7 +125,8 @@ class _Feed:
 class FollowedStream:
     """One follower's stream of a run: every chunk from the turn's start, then live until it ends.
 
-    An async iterator of UI message chunks; `aclose()` (also run when it ends) frees its place at
+    An async iterator of UI message chunks, or of the groups of chunks each read brought (`groups()`,
+    which a response sends as one write each); `aclose()` (also run when it ends) frees its place at
     once, and stops the shared reader if it was the last follower.
     """
 
@@ -135,20 +137,27 @@ class FollowedStream:
         self._wake = asyncio.Event()
         self._left = False
         feed.followers.add(self._wake)
-        self._chunks = self._stream(reset_step)
+        self._groups = self._stream(reset_step)
+        self._pending: deque[Chunk] = deque()
 
     def __aiter__(self) -> FollowedStream:
         return self
 
     async def __anext__(self) -> Chunk:
-        return await anext(self._chunks)
+        while not self._pending:
+            self._pending.extend(await anext(self._groups))
+        return self._pending.popleft()
+
+    def groups(self) -> AsyncIterator[list[Chunk]]:
+        """The stream as the groups of chunks each read brought (read either this or the chunks)."""
+        return self._groups
 
     async def aclose(self) -> None:
         """Stop following: the place is freed at once."""
-        await self._chunks.aclose()
+        await self._groups.aclose()
         self._leave()
 
-    async def _stream(self, reset_step: bool) -> AsyncGenerator[Chunk, None]:
+    async def _stream(self, reset_step: bool) -> AsyncGenerator[list[Chunk], None]:
         """The feed's batches from its first, each applied to this follower's own assembly. Everything
         read is applied before anything is sent: an attempt superseded within what was read (a
         take-over, read after the fact) is never sent, only what stands."""
@@ -161,12 +170,14 @@ class FollowedStream:
                 superseded = False
                 for batch in fresh:
                     superseded = assembly.apply(batch) or superseded
+                group: list[Chunk] = []
                 if superseded:
                     if not reset_step:
                         raise StreamSuperseded()
-                    yield {"type": "reset-step"}
-                for chunk in assembly.take():
-                    yield chunk
+                    group.append({"type": "reset-step"})
+                group += assembly.take()
+                if group:
+                    yield group
                 if feed.ended and index == len(feed.batches):
                     if feed.error is not None:
                         raise feed.error

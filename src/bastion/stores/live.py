@@ -309,8 +309,11 @@ class LiveTurns(Protocol):
 
 
 class FollowedRun(Protocol):
-    """A follower's stream of a run: its chunks, and `aclose()` to stop following at once."""
+    """A follower's stream of a run: its chunks (or the groups each read brought), and `aclose()` to
+    stop following at once."""
 
     def __aiter__(self) -> AsyncIterator[Chunk]: ...
+
+    def groups(self) -> AsyncIterator[list[Chunk]]: ...
 
     async def aclose(self) -> None: ...
