@@ -11,6 +11,11 @@ tool that needs approval), anything else one short text step.
 `before-save` (just before the turn's save) or `after-save` (just after it, before the workflow
 records its end). `BASTION_TEST_START_DELAY` (seconds) delays building the routes after the engine
 launched, as a process that registers slowly would: DBOS may hand it recovered turns meanwhile.
+
+`BASTION_TEST_MEMORY=1` adds memory with extraction as a durable job (the database needs memory's
+migrations): a turn whose text is `fact <id>` (or `turn <id>`) keeps one fact, slowly, recording
+`extract:start` and `extract:done` around the wait, so a test can kill the worker with the job in
+flight.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from bastion.auth import SupabaseEnv
 from bastion.chat.endpoint import chat_routes
 from bastion.chat.turn import ChatTurn
 from bastion.durable import DurableEngine
+from bastion.memory import AgentMemory, HashingEmbedder, PostgresMemoryStore, define_memory
 from bastion.stores import PostgresStore
 from bastion.stores.postgres import PostgresAgentPersistence
 from bastion.worker import create_agent_worker
@@ -133,6 +139,37 @@ def tools(turn: ChatTurn) -> AgentTools:
     return AgentTools(tools=[count_effect, approved_effect])
 
 
+def fact_of(messages: list[dict[str, Any]]) -> str:
+    """The conversation id a `fact <id>` or `turn <id>` turn names, else ''."""
+    [*_, latest] = [message for message in messages if message["role"] == "user"]
+    text = "".join(part.get("text", "") for part in latest["parts"] if part["type"] == "text")
+    kind, _, conversation = text.partition(" ")
+    return conversation if kind in ("fact", "turn") else ""
+
+
+async def extract(messages: list[dict[str, Any]], context: Any) -> list[str]:
+    conversation = fact_of(messages)
+    if not conversation:
+        return []
+    await record(conversation, "extract:start")
+    await asyncio.sleep(delay() * 20)
+    await record(conversation, "extract:done")
+    return [f"The code word is {conversation}."]
+
+
+async def durable_memory(store: PostgresStore, engine: DurableEngine) -> AgentMemory[Any]:
+    memory: AgentMemory[Any] = define_memory(
+        store=PostgresMemoryStore(store, embedder=HashingEmbedder(64)),
+        identity=lambda turn: turn.identity,
+        operation_id=lambda turn: turn.run_id,
+        tools=False,
+        extract=extract,
+        extract_retry_delay=0.05,
+    )
+    await memory.start(engine, context=lambda job: job)
+    return memory
+
+
 def die_while_saving(point: str) -> None:
     """SIGKILL this process just before or just after a turn's save (not of a short reply)."""
     finish_run = PostgresAgentPersistence.finish_run
@@ -162,8 +199,15 @@ async def main(port: int) -> None:
     await asyncio.sleep(float(os.environ.get("BASTION_TEST_START_DELAY", "0")))
     agent = define_agent(name="durable-test", instructions="Answer.", tools=tools)
     model = FunctionModel(stream_function=scripted)
+    memory = await durable_memory(store, engine) if os.environ.get("BASTION_TEST_MEMORY") else None
     routes = chat_routes(
-        agent=agent, store=store, model=model, context=lambda turn: turn, durable=engine, stop_wait_seconds=5
+        agent=agent,
+        store=store,
+        model=model,
+        context=lambda turn: turn,
+        durable=engine,
+        stop_wait_seconds=5,
+        after_turn=memory.after_chat_turn if memory is not None else None,
     )
     env = SupabaseEnv(url=PROJECT_URL, jwks=json.loads(os.environ["BASTION_TEST_JWKS"]))
     app = create_agent_worker(env=env, routes=routes)

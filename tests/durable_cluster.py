@@ -61,6 +61,8 @@ class Cluster:
     starting: dict[str, asyncio.Task[Worker]] = field(default_factory=dict)
     delay: float = 0.05
     log_dir: Path | None = None
+    # The source tree each worker runs, by name (another release's, in a rolling deploy); this one's else.
+    releases: dict[str, Path] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         with self.admin() as conn:
@@ -74,12 +76,19 @@ class Cluster:
         return {"Authorization": f"Bearer {token}"}
 
     async def start(
-        self, name: str, *, die: str | None = None, start_delay: float = 0.0, pool_timeout: float = 30.0
+        self,
+        name: str,
+        *,
+        die: str | None = None,
+        start_delay: float = 0.0,
+        pool_timeout: float = 30.0,
+        extra_env: dict[str, str] | None = None,
     ) -> Worker:
         port = free_port()
+        root = self.releases.get(name, ROOT)
         env = {
             **os.environ,
-            "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}",
+            "PYTHONPATH": f"{root / 'src'}:{root}",
             "BASTION_TEST_DSN": self.database.admin_dsn,
             "BASTION_TEST_APP_DSN": self.database.app_dsn,
             "BASTION_TEST_JWKS": json.dumps(self.keys.jwks()),
@@ -87,6 +96,7 @@ class Cluster:
             "BASTION_EXECUTOR_ID": f"{name}-{uuid.uuid4().hex[:8]}",
             "BASTION_TEST_START_DELAY": str(start_delay),
             "BASTION_TEST_POOL_TIMEOUT": str(pool_timeout),
+            **(extra_env or {}),
         }
         env.pop("BASTION_TEST_DIE", None)
         if die is not None:
@@ -95,7 +105,7 @@ class Cluster:
         with log.open("wb") as stderr:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "tests.durable_chat_worker", str(port),
-                cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=stderr,
+                cwd=root, env=env, stdout=asyncio.subprocess.PIPE, stderr=stderr,
             )  # fmt: skip
         assert process.stdout is not None
         line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode().split()

@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
     {
         "bastion._cancel",
         "bastion._client_json",
+        "bastion._extraction_names",
         "bastion._extras",
         "bastion._moved",
         "bastion._ui_chunks",

@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     hooks.add_argument(
         "--older-than", help="prune: events every hook has passed older than this age (30d, 12h, 45m, 90s)"
     )
+    memory = commands.add_parser("memory", help="list the memory extraction jobs that gave up")
+    memory.add_argument(
+        "action", nargs="?", default="failures", choices=("failures",), help="default: failures"
+    )
     mcp = commands.add_parser(
         "mcp", help="list the MCP tool changes held for approval, approve one or refuse one"
     )
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also let the role of BASTION_APP_DATABASE_URL act as users (embedded: bastion_app, created)",
     )
-    for command in (serve, migrate, token, hooks, mcp):
+    for command in (serve, migrate, token, hooks, memory, mcp):
         command.add_argument(
             "--data-dir", type=Path, help="where local state lives (default .bastion, or BASTION_DATA_DIR)"
         )
@@ -91,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(_migrate(config, grant_app_role=args.grant_app_role))
         if args.command == "mcp":
             return asyncio.run(_mcp(config, args.action, args.change, args.application, args.status))
+        if args.command == "memory":
+            return asyncio.run(_memory_failures(config))
         if args.command == "hooks":
             return asyncio.run(_hooks(config, args.action, args.hook, args.from_event, args.older_than))
         return _token(config, args.user)
@@ -205,6 +211,35 @@ async def _hooks_report(
         return [await forget_hook(pool, conninfo, hook)]
     assert from_event is not None
     return [await replay_hook(pool, hook, from_event)]
+
+
+async def _memory_failures(config: AssistantConfig) -> int:
+    """Print the memory extraction jobs that gave up (`bastion.memory.failed_extractions`)."""
+    import psycopg
+    from psycopg_pool import AsyncConnectionPool
+
+    from bastion.assistant.database import open_database
+    from bastion.memory import failed_extractions
+
+    database = await open_database(
+        database_url=config.database_url, app_database_url=config.app_database_url, data_dir=config.data_dir
+    )
+    try:
+        async with AsyncConnectionPool(
+            database.app_conninfo, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
+        ) as pool:
+            failed = await failed_extractions(pool)
+    except psycopg.Error as error:
+        said = (str(error).strip().splitlines() or [""])[0]
+        _progress(f"memory failures could not finish; the database said {type(error).__name__}: {said}")
+        return 1
+    finally:
+        database.close()
+    if not failed:
+        print("No memory extraction job gave up.")
+    for job in failed:
+        print(f"{job.ended_at:%Y-%m-%d %H:%M:%S%z}  {job.status}  memory={job.memory}  run={job.run_id}")
+    return 0
 
 
 async def _mcp(

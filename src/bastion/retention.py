@@ -7,6 +7,7 @@ each period prunes once, in whichever process dequeues it. A run deletes, each p
 
 - the workflows of finished turns (their inputs hold the conversation) and the stream logs of runs that
   ended (a log is replayed only while its run is in flight);
+- the finished memory extraction jobs (their inputs hold a turn's messages), at the turns' age;
 - the finished inbox reply jobs;
 - the outbox events every hook has passed and no delivery still carries, their failure records, and
   the hooks' finished delivery workflows;
@@ -30,6 +31,7 @@ from bastion.durable._ready import registered
 from bastion.durable.engine import prune_finished_workflows
 from bastion.hooks import PostgresHookOutbox, Pruned, prune_deliveries, prune_outbox
 from bastion.inbox.replies import REPLY_WORKFLOW
+from bastion.memory.extraction_jobs import EXTRACTION_WORKFLOW
 
 if TYPE_CHECKING:
     from bastion.durable import DurableEngine
@@ -72,6 +74,7 @@ class RetentionReport:
     event_failures: int
     delivery_workflows: int
     memory_records: int
+    extraction_jobs: int = 0
 
 
 class Retention:
@@ -101,6 +104,9 @@ class Retention:
         policy = self.policy
         workflows, log_rows = await prune_finished_turns(self.store, older_than=policy.finished_turns)
         inbox_jobs = await prune_finished_workflows(REPLY_WORKFLOW, older_than=policy.inbox_jobs)
+        extraction_jobs = await prune_finished_workflows(
+            EXTRACTION_WORKFLOW, older_than=policy.finished_turns
+        )
         events, deliveries = Pruned(0, 0), 0
         if self.hooks:
             events = await prune_outbox(self.store.pool, policy.delivered_events)
@@ -115,6 +121,7 @@ class Retention:
             event_failures=events.failures,
             delivery_workflows=deliveries,
             memory_records=memory_records,
+            extraction_jobs=extraction_jobs,
         )
 
     async def start(self, engine: DurableEngine) -> None:

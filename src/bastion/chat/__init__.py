@@ -17,6 +17,7 @@ from bastion.chat.conversations import (
     conversation_routes,
 )
 from bastion.chat.endpoint import (
+    AfterTurn,
     ChatEndpoint,
     ChatStore,
     ContextFactory,
@@ -49,6 +50,7 @@ from bastion.chat.turn import ChatTurn, DurableTurnHooks
 __all__ = [
     "DEFAULT_ERROR_TEXT",
     "UI_MESSAGE_STREAM_HEADERS",
+    "AfterTurn",
     "AgentRunContext",
     "AgentRunResult",
     "AgentStreamResponse",

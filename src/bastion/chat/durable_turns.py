@@ -165,7 +165,8 @@ class DurableTurns:
         persistence = self._persistence
         stored = await persistence.adopt_turn(context, state)
         if stored is None:
-            logger.info("The durable turn of run %s was settled or replaced; nothing to do.", turn.run_id)
+            logger.info("The durable turn of run %s was settled or replaced; nothing to run.", turn.run_id)
+            await self._after_saved(turn, context, workflow_input)
             return "superseded"
         start = RunStart(messages=workflow_input["messages"], state=state, operation_scope=turn.run_id)
         run = AgentRun(persistence=persistence, context=context, start=start)
@@ -178,6 +179,21 @@ class DurableTurns:
         response = await self.endpoint.open_turn(turn, run, durable=hooks)
         await response.run_detached()
         return "taken_over"
+
+    async def _after_saved(
+        self, turn: ChatTurn, context: TurnContext, workflow_input: dict[str, Any]
+    ) -> None:
+        """A turn its dead process saved as completed may have died before its `after_turn` (the
+        save commits first): run it here, from the saved response."""
+        try:
+            saved = await self._persistence.saved_response(context, turn.run_id, workflow_input["message_id"])
+        except Exception:
+            logger.exception(
+                "Reading the saved turn of run %s failed; its after_turn does not run.", turn.run_id
+            )
+            return
+        if saved is not None:
+            await self.endpoint.after_saved_turn(turn, workflow_input["messages"], saved)
 
     @property
     def _persistence(self) -> PostgresAgentPersistence:

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from bastion.durable import DurableEngine
 
 __all__ = [
+    "AfterTurn",
     "ChatEndpoint",
     "ChatStore",
     "ContextFactory",
@@ -69,6 +70,9 @@ _SETTLE_POLL_SECONDS: Final = 0.05
 
 
 ContextFactory: TypeAlias = Callable[[ChatTurn], "ContextT | Awaitable[ContextT]"]
+AfterTurn: TypeAlias = Callable[[ChatTurn, list[dict[str, Any]], "ContextT"], Awaitable[None]]
+"""`after_turn(turn, messages, context)`: called once a turn completed and was saved, with the
+conversation's messages as the turn ended (`AgentMemory.after_chat_turn` enqueues extraction)."""
 ModelChoice: TypeAlias = "Model | KnownModelName | str"
 
 
@@ -113,6 +117,7 @@ class ChatEndpoint(Generic[ContextT]):
         usage_metadata: bool = False,
         durable: DurableEngine | None = None,
         durable_name: str | None = None,
+        after_turn: AfterTurn[ContextT] | None = None,
     ) -> None:
         self.agent = agent
         self.store = store
@@ -124,6 +129,7 @@ class ChatEndpoint(Generic[ContextT]):
         self.on_error = on_error
         self.stop_wait_seconds = stop_wait_seconds
         self.usage_metadata = usage_metadata
+        self.after_turn = after_turn
         self.live: LiveTurns | None = store.live_turns() if isinstance(store, LiveTurnStore) else None
         self.durable: DurableTurns | None = None
         if durable is not None:
@@ -211,6 +217,8 @@ class ChatEndpoint(Generic[ContextT]):
 
         async def on_finish(*, response_message: dict[str, Any], status: StreamStatus) -> None:
             await run.finish(response_message=response_message, status=status)
+            if status == "completed":
+                await self._after_turn(turn, _ended_with(run.messages, response_message), agent_context)
 
         async def on_settled(*, status: StreamStatus) -> None:
             try:
@@ -279,6 +287,29 @@ class ChatEndpoint(Generic[ContextT]):
         # Past the caps (`FollowerLimits`) this refuses with 429 before anything is streamed.
         followed = live.follow(identity, current.run_id, reset_step=query.resetStep == "1")
         return _FollowerResponse(followed)
+
+    async def after_saved_turn(
+        self, turn: ChatTurn, messages: list[dict[str, Any]], response_message: dict[str, Any]
+    ) -> None:
+        """`after_turn` for a completed turn another process saved: a durable turn whose process died
+        between its save and its `after_turn` (an extraction job enqueued already is not enqueued twice)."""
+        if self.after_turn is None:
+            return
+        try:
+            context = await _resolved(self.context(turn))
+        except Exception:
+            logger.exception("Building the context of saved run %s failed; no after_turn.", turn.run_id)
+            return
+        await self._after_turn(turn, _ended_with(messages, response_message), context)
+
+    async def _after_turn(self, turn: ChatTurn, messages: list[dict[str, Any]], context: ContextT) -> None:
+        """Run `after_turn` for a saved turn: a failure is logged, never the turn's."""
+        if self.after_turn is None:
+            return
+        try:
+            await self.after_turn(turn, messages, context)
+        except Exception:
+            logger.exception("after_turn failed for run %s; the turn is saved.", turn.run_id)
 
     def _live(self) -> LiveTurns:
         if self.live is None:
@@ -357,6 +388,7 @@ def chat_routes(
     usage_metadata: bool = False,
     durable: DurableEngine | None = None,
     durable_name: str | None = None,
+    after_turn: AfterTurn[ContextT] | None = None,
 ) -> list[Route]:
     """The chat routes of `agent` over `store`, for `create_agent_worker(routes=...)`.
 
@@ -372,6 +404,10 @@ def chat_routes(
     a durable workflow: when its process dies, a live one takes it over and finishes it from its
     last completed model request (`durable_name` names the endpoint across processes; default
     from the agent's name and the path). See `bastion.chat.durable_turns`.
+
+    `after_turn(turn, messages, context)` runs once a turn completed and was saved, before the turn
+    settles (a durable turn's workflow still covers it), in the process that finished the turn; it
+    never fails the turn. `AgentMemory.after_chat_turn` queues the turn's memory extraction there.
     """
     return ChatEndpoint(
         agent=agent,
@@ -387,7 +423,15 @@ def chat_routes(
         usage_metadata=usage_metadata,
         durable=durable,
         durable_name=durable_name,
+        after_turn=after_turn,
     ).routes()
+
+
+def _ended_with(messages: list[dict[str, Any]], response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation's messages with the turn's response: replacing the message it continued (an
+    approval's answer continues the assistant's message), else after them."""
+    kept = [message for message in messages if message.get("id") != response.get("id")]
+    return [*kept, response]
 
 
 class _FollowerResponse(StreamingResponse):

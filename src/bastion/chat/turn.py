@@ -91,3 +91,8 @@ class TurnOpener(Protocol):
         self, turn: ChatTurn, run: AgentRun[Any, Any], *, durable: DurableTurnHooks | None = None
     ) -> AgentStreamResponse:
         """The claimed turn `run` as a stream response: context, prepared session, stream, settlement."""
+
+    async def after_saved_turn(
+        self, turn: ChatTurn, messages: list[dict[str, Any]], response_message: dict[str, Any]
+    ) -> None:
+        """Its `after_turn` for a completed turn another process saved (and maybe died before running it)."""

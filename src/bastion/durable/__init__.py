@@ -2,8 +2,9 @@
 
 `DurableEngine.launch(conninfo)` starts this process's DBOS (after `migrate_durable` created its
 schema). Chat turns run on it with `chat_routes(durable=engine)` (`bastion.chat.durable_turns`; their
-workflow is declared in `bastion.durable.turn_workflow`, on import); hooks and inbox jobs declare
-their workflows with DBOS's decorators and run on it.
+workflow is declared in `bastion.durable.turn_workflow`, on import), and so does memory extraction
+(`AgentMemory.start(engine)`; its workflow is in `bastion.durable.extraction_workflow`); hooks and
+inbox jobs declare their workflows with DBOS's decorators and run on it.
 """
 
 from bastion._moved import moved_names
@@ -15,6 +16,7 @@ from bastion.durable.engine import (
     migrate_durable,
     system_database_url,
 )
+from bastion.durable.extraction_workflow import MemoryExtractionFailed, extraction_job_id
 from bastion.durable.turn_workflow import DurableTurnError, turn_workflow_id
 
 __getattr__ = moved_names(
@@ -29,6 +31,8 @@ __all__ = [
     "DurableEngineError",
     "DurableTurnError",
     "DurableTurns",
+    "MemoryExtractionFailed",
+    "extraction_job_id",
     "migrate_durable",
     "prune_finished_turns",
     "system_database_url",

@@ -282,7 +282,8 @@ class HookDelivery:
         """Whether the hook took a whole batch at once (`call`); when it raised, the batch goes out
         event by event, which finds the failing event and retries it alone."""
         try:
-            await asyncio.wait_for(call(), hook.timeout)
+            async with asyncio.timeout(hook.timeout):
+                await call()
         except Exception:
             logger.info("Hook %s failed on a batch; delivering it event by event.", hook.name, exc_info=True)
             return False
@@ -308,7 +309,8 @@ class HookDelivery:
     async def _call(self, hook: Hook, event: HookEvent, generation: int, tries: int) -> str | None:
         """Call the hook with one event (its `tries`th try); the error, recorded, if it failed."""
         try:
-            await asyncio.wait_for(hook.handle(event), hook.timeout)
+            async with asyncio.timeout(hook.timeout):
+                await hook.handle(event)
         except Exception as error:
             text = f"{type(error).__name__}: {_message_of(error)}"
             gave_up = tries >= hook.retry.max_attempts
@@ -343,8 +345,11 @@ class HookDelivery:
             wait = _BEHIND_RETRY if self._behind else self._poll
             if self._due is not None:
                 wait = min(wait, max(0.0, self._due - time.monotonic()))
+            # `asyncio.timeout`, not `wait_for`: on Python 3.11, `wait_for` swallows a cancellation that
+            # arrives as the event is set (a notification as `close` cancels), and this loop never ends.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
 
     def _idle(self) -> bool:
         """Whether nothing but a notification would make this dispatcher look at the outbox soon."""

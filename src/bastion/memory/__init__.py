@@ -2,7 +2,9 @@
 
 - `PostgresMemoryStore`: core memory, archival memories (deduplicated, with history), tenant
   knowledge and exact top-k recall stored per operation; `documents` is the versioned document store.
-- `define_memory`: per turn, recall as a context message, `remember`/`forget` tools, extraction.
+- `define_memory`: per turn, recall as a context message, `remember`/`forget` tools, extraction
+  (a durable job per chat turn once started on the durable engine; `failed_extractions` lists those
+  that gave up).
 - Embedders: the `Embedder` protocol, `OpenAIEmbedder` (any OpenAI-compatible endpoint),
   `HashingEmbedder` (lexical, offline), and `OfflineEmbedder` (the `memory-offline` extra).
 
@@ -29,6 +31,7 @@ from bastion.memory.errors import (
     MemoryUnavailableError,
 )
 from bastion.memory.extraction import Extractor
+from bastion.memory.extraction_jobs import ExtractionJob, FailedExtraction, failed_extractions
 from bastion.memory.offline import OfflineEmbedder, offline_embedder_available
 from bastion.memory.postgres import (
     DEFAULT_NEAR_DUPLICATE_THRESHOLD,
@@ -45,7 +48,9 @@ __all__ = [
     "AgentMemory",
     "Embedder",
     "EmbeddingError",
+    "ExtractionJob",
     "Extractor",
+    "FailedExtraction",
     "HashingEmbedder",
     "KnowledgeChunk",
     "KnowledgeDocument",
@@ -66,6 +71,7 @@ __all__ = [
     "apply_memory_migrations",
     "chunk_text",
     "define_memory",
+    "failed_extractions",
     "memory_routes",
     "offline_embedder_available",
     "render_recall",

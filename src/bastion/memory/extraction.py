@@ -3,8 +3,10 @@
 After a turn is saved, `ExtractionRunner.schedule` starts the callback as a background task and
 returns at once. A failure never reaches the turn: it is logged and retried with a growing delay
 (`attempts` times in all), and each fact is remembered with deduplication, so a retry that repeats
-facts stores nothing twice. Without a queue engine the retries live in this process only: a process
-that stops drops what it has not finished (`drain()` waits for it on shutdown).
+facts stores nothing twice. Without the durable engine the retries live in this process only: a
+process that stops drops what it has not finished (`drain()` waits for it on shutdown). Once the
+memory is started on the engine (`AgentMemory.start`), a chat turn's extraction is a durable job
+instead (`bastion.memory.durable_extraction`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, TypeAlias, TypeVar
 from bastion.memory.postgres import PostgresMemoryStore
 from bastion.stores import StoreIdentity
 
-__all__ = ["ExtractionRunner", "Extractor"]
+__all__ = ["ExtractionRunner", "Extractor", "extract_facts"]
 
 logger = logging.getLogger("bastion.memory")
 
@@ -43,8 +45,8 @@ class ExtractionRunner:
             raise ValueError("attempts must be a positive whole number.")
         self._store = store
         self._scope = scope
-        self._attempts = attempts
-        self._first_delay = first_delay
+        self.attempts = attempts
+        self.first_delay = first_delay
         self._tasks: set[asyncio.Task[None]] = set()
 
     def schedule(
@@ -71,30 +73,36 @@ class ExtractionRunner:
         context: ContextT,
         identity: StoreIdentity,
     ) -> None:
-        delay = self._first_delay
-        for attempt in range(1, self._attempts + 1):
+        delay = self.first_delay
+        for attempt in range(1, self.attempts + 1):
             try:
-                await self._extract_once(extract, messages, context, identity)
+                await extract_facts(self._store, self._scope, extract, messages, context, identity)
                 return
             except Exception:
-                if attempt == self._attempts:
+                if attempt == self.attempts:
                     logger.exception("Memory extraction failed %d times; giving up on this turn.", attempt)
                     return
                 logger.warning("Memory extraction failed (attempt %d); retrying.", attempt, exc_info=True)
             await asyncio.sleep(delay)
             delay *= 2
 
-    async def _extract_once(
-        self,
-        extract: Extractor[ContextT],
-        messages: list[dict[str, Any]],
-        context: ContextT,
-        identity: StoreIdentity,
-    ) -> None:
-        produced = extract(messages, context)
-        facts = await produced if inspect.isawaitable(produced) else produced
-        if isinstance(facts, str) or not isinstance(facts, Sequence):
-            raise TypeError("extract must return a list of facts (strings).")
-        for fact in facts:
-            if isinstance(fact, str) and fact.strip():
-                await self._store.remember(identity, fact, scope=self._scope, source="extract")
+
+async def extract_facts(
+    store: PostgresMemoryStore,
+    scope: str,
+    extract: Extractor[ContextT],
+    messages: list[dict[str, Any]],
+    context: ContextT,
+    identity: StoreIdentity,
+) -> int:
+    """One attempt: `extract` once, and each fact it returns remembered as `identity`; how many."""
+    produced = extract(messages, context)
+    facts = await produced if inspect.isawaitable(produced) else produced
+    if isinstance(facts, str) or not isinstance(facts, Sequence):
+        raise TypeError("extract must return a list of facts (strings).")
+    stored = 0
+    for fact in facts:
+        if isinstance(fact, str) and fact.strip():
+            await store.remember(identity, fact, scope=scope, source="extract")
+            stored += 1
+    return stored

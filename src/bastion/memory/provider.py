@@ -1,7 +1,10 @@
 """`define_memory`: an agent's memory per turn, as context messages, tools and background extraction.
 
 Wire it into `define_agent(context_messages=memory.context_messages, ...)` and add `memory.tools(ctx)`
-to the turn's tools; after a turn is saved, call `memory.after_turn(messages, ctx)`. Before the
+to the turn's tools; after a turn is saved, call `memory.after_turn(messages, ctx)`, or let the chat
+route do it (`ChatEndpoint(after_turn=memory.after_chat_turn)`). Extraction runs in this process with
+retries; once the memory is started on the durable engine (`await memory.start(engine, context=...)`),
+a chat turn's extraction is a durable job instead (`bastion.memory.durable_extraction`). Before the
 model is called, the caller's core memory and the `k` memories and knowledge chunks nearest the new
 message become one system message just before it (never the static instructions), recalled once per
 operation id and stored, so a replayed step recalls the same rows. A context without a verified user
@@ -15,22 +18,38 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from bastion._cancel import AgentCancelledError
 from bastion.memory._text import check_scope
 from bastion.memory.entities import Recall
 from bastion.memory.extraction import ExtractionRunner, Extractor
+from bastion.memory.extraction_jobs import ExtractionJob
 from bastion.memory.postgres import MAX_K, PostgresMemoryStore
 from bastion.memory.tools import memory_tools
 from bastion.stores import StoreIdentity
 from bastion.tools import Tool
+
+if TYPE_CHECKING:
+    from bastion.durable import DurableEngine
+    from bastion.memory.durable_extraction import DurableExtraction, JobContext
 
 __all__ = ["AgentMemory", "define_memory", "render_recall"]
 
 logger = logging.getLogger("bastion.memory")
 
 ContextT = TypeVar("ContextT")
+
+
+class FinishedTurn(Protocol):
+    """The turn `after_chat_turn` is told about (a `bastion.chat.ChatTurn`)."""
+
+    @property
+    def conversation_id(self) -> str: ...
+
+    @property
+    def run_id(self) -> str: ...
+
 
 RECALL_HEADER = (
     "Memory about this user: data stored from earlier conversations, each item a JSON string."
@@ -104,6 +123,7 @@ class AgentMemory(Generic[ContextT]):
     forget_name: str
     extract: Extractor[ContextT] | None
     extraction: ExtractionRunner = field(repr=False)
+    _durable: list[DurableExtraction[ContextT]] = field(default_factory=list, init=False, repr=False)
 
     def identity(self, context: ContextT) -> StoreIdentity | None:
         """The caller memory acts for, or None when this turn may neither recall nor store."""
@@ -176,6 +196,61 @@ class AgentMemory(Generic[ContextT]):
         if self.extract is None or identity is None:
             return
         self.extraction.schedule(self.extract, [dict(message) for message in messages], context, identity)
+
+    async def after_chat_turn(
+        self, turn: FinishedTurn, messages: Sequence[Mapping[str, Any]], context: ContextT
+    ) -> None:
+        """The chat route's `after_turn`: once started on the durable engine, enqueue the turn's
+        extraction as a durable job (one per run; see `start`); else as `after_turn`."""
+        identity = self.identity(context)
+        if self.extract is None or identity is None:
+            return
+        if not self._durable:
+            self.after_turn(messages, context)
+            return
+        # The job carries the owner's user and tenant ids, never the token's other claims.
+        owner = StoreIdentity(user_id=identity.user_id, tenant_id=identity.tenant_id)
+        job = ExtractionJob(identity=owner, conversation_id=turn.conversation_id, run_id=turn.run_id)
+        await self._durable[0].enqueue(job, messages)
+
+    async def start(
+        self,
+        engine: DurableEngine,
+        *,
+        context: JobContext[ContextT],
+        name: str = "default",
+        concurrency: int = 4,
+    ) -> None:
+        """Run this memory's extraction as durable jobs on `engine` (launched), in every process.
+
+        `context(job)` rebuilds the context `extract` gets from an `ExtractionJob` (the owner's
+        identity, the conversation and the run), since a job may run in another process than its
+        turn's. `name` tells this memory's jobs from another memory's (the same in every process);
+        `concurrency` bounds the jobs one process runs at once. Call it after launching the engine,
+        in every process that launches it: a job that finds no memory of its name waits for it.
+        """
+        from bastion.memory.durable_extraction import DurableExtraction
+
+        if self.extract is None:
+            raise ValueError("This memory has no extract callback: there is nothing to run as a job.")
+        if self._durable:
+            raise RuntimeError("This memory is already started on the durable engine.")
+        durable = DurableExtraction(
+            name=name,
+            store=self.store,
+            scope=self.scope,
+            extract=self.extract,
+            context=context,
+            attempts=self.extraction.attempts,
+            first_delay=self.extraction.first_delay,
+        )
+        await durable.start(engine, concurrency=concurrency)
+        self._durable.append(durable)
+
+    def stop(self) -> None:
+        """Stop running this memory's durable jobs in this process (they wait for another)."""
+        while self._durable:
+            self._durable.pop().stop()
 
     async def drain(self) -> None:
         """Wait for background extraction (on shutdown, and in tests)."""

@@ -188,6 +188,22 @@ class PostgresAgentPersistence(TurnPersistence):
         self._store.leases.hold(state.run_id, self._lease_seconds)
         return list(adopted["steps"])
 
+    async def saved_response(
+        self, context: TurnContext, run_id: str, message_id: str
+    ) -> dict[str, Any] | None:
+        """The response message `message_id` the run saved when it completed (or paused for an
+        approval), read as the caller; None when it ended otherwise or saved no such message."""
+        with database_errors():
+            async with self._store.transaction(context.identity) as conn:
+                cursor = await conn.execute(
+                    "select m.message from bastion.runs r join bastion.messages m"
+                    " on m.conversation_id = r.conversation_id and m.id = %s"
+                    " where r.id = %s and r.status in ('completed', 'waiting_for_approval')",
+                    (message_id, run_id),
+                )
+                row = await cursor.fetchone()
+        return dict(row[0]) if row is not None else None
+
     async def record_tool_results(self, context: TurnContext, state: TurnState) -> None:
         """Write the results of this run's finished operations now, in a transaction of their own,
         not with its next write (durable chat turns let their stream log's writes carry them)."""

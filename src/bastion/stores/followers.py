@@ -103,7 +103,8 @@ class _Feed:
                 elif not rows:
                     tail_awaited = True
                 try:
-                    await asyncio.wait_for(self.wake.wait(), self._poll)
+                    async with asyncio.timeout(self._poll):  # not wait_for: see hooks/delivery.py
+                        await self.wake.wait()
                     ask = False
                 except TimeoutError:
                     ask = True  # the request may have been missed, or the turn taken over elsewhere
