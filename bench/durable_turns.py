@@ -10,15 +10,19 @@ embedded Postgres with `pg_stat_statements`. Rounds alternate between them. Figu
 - statements (round trips) and WAL bytes per turn, from `pg_stat_statements` of each database;
 - the 10-step persisted tool loop (10 model steps, each calling `lookup` through its claim), wall time;
 - take-over: two durable workers on one database; a turn streaming on the first is cut by SIGKILL, and the
-  time until the second streams the turn on (`GET /api/chat/{id}/stream`) and until it finishes.
+  time until the second streams the turn on (`GET /api/chat/{id}/stream`) and until it finishes;
+- followers (today's server): the time to the first text delta at c=1 beside a long turn that 0, 10 or
+  200 resumed streams follow (past the caps, 429), against 0 in the same round.
 
-    python -m bench.durable_turns [--rounds 3] [--turns 48] [--takeovers 5]
+    python -m bench.durable_turns [--rounds 3] [--turns 48] [--takeovers 5] [--followers 200]
+        [--follower-cap N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -43,6 +47,7 @@ from bench.tokens import SUPABASE_URL, signing_project
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("today", "durable")
+FOLLOWER_CAP = "BENCH_FOLLOWER_CAP"
 
 
 # --- the application, in each server process -------------------------------------------------------
@@ -93,7 +98,7 @@ async def serve(mode: str, port: int, admin_url: str, jwks_path: str) -> None:
     from bastion.auth import SupabaseEnv
     from bastion.chat.endpoint import chat_routes
     from bastion.durable import DurableEngine, migrate_durable
-    from bastion.stores import PostgresStore
+    from bastion.stores import FollowerLimits, PostgresStore
     from bastion.worker import create_agent_worker
     from bench.systems.bastion import APP_ROLE, prepare_database
 
@@ -107,7 +112,10 @@ async def serve(mode: str, port: int, admin_url: str, jwks_path: str) -> None:
     if mode == "durable":
         await migrate_durable(admin_url, app_role=APP_ROLE)
         engine = await DurableEngine.launch(app_url)
-    store = await PostgresStore.open(app_url, min_size=16, max_size=16)
+    # `--follower-cap N` lifts the followers' caps to N, to measure the shared reader without them.
+    cap = int(os.environ.get(FOLLOWER_CAP, "0"))
+    limits = FollowerLimits(per_user=cap, per_turn=cap) if cap else FollowerLimits()
+    store = await PostgresStore.open(app_url, min_size=16, max_size=16, follower_limits=limits)
     agent = define_agent(name="bench", instructions="Answer.", tools=lambda _: [lookup], max_steps=12)
     options: dict[str, Any] = {"durable": engine} if engine is not None else {}
     routes = chat_routes(
@@ -317,11 +325,55 @@ async def takeover(
     return times
 
 
+async def follower(port: int, token: str, conversation: str) -> int:
+    """Resume the conversation's turn and read it to its end; the answer's status (204 and 404 wait and
+    ask again: the conversation or its turn is not there yet)."""
+    path = f"/api/chat/{conversation}/stream"
+    while True:
+        answered = 0
+        async with contextlib.aclosing(stream(port, token, "GET", path)) as read:
+            async for at, chunk in read:
+                if chunk is None:
+                    answered = int(at)
+        if answered not in (204, 404):
+            return answered
+        await asyncio.sleep(0.02)
+
+
+async def beside_followers(port: int, token: str, followers: int, turns: int) -> tuple[list[float], int]:
+    """First text deltas of `turns` turns at c=1 while a long turn of another conversation is followed by
+    `followers` resumed streams, and how many of those were refused (429)."""
+    conversation = str(uuid.uuid4())
+    text = _prompt(4000, 0, 5)  # 20 s at most: stopped once the turns beside it are measured
+    message = {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": text}]}
+    body = json.dumps({"id": conversation, "messages": [message], "trigger": "submit-message"}).encode()
+
+    async def long_turn() -> None:
+        async for _ in stream(port, token, "POST", "/api/chat", body):
+            pass
+
+    running = asyncio.ensure_future(long_turn())
+    streams = [asyncio.ensure_future(follower(port, token, conversation)) for _ in range(followers)]
+    await asyncio.sleep(0.5)  # the followers joined (or were refused)
+    firsts = []
+    for _ in range(turns):
+        turn = await chat_turn(port, token, 20, steps=0)
+        assert turn.first_delta is not None
+        firsts.append(turn.first_delta)
+    async for _ in stream(port, token, "POST", f"/api/chat/{conversation}/stop"):
+        pass
+    await running
+    statuses = await asyncio.gather(*streams)
+    if set(statuses) - {200, 429}:
+        raise RuntimeError(f"a follower was answered {sorted(set(statuses) - {200, 429})}")
+    return firsts, statuses.count(429)
+
+
 def _ms(values: list[float], fraction: float) -> str:
     return f"{percentile(values, fraction) * 1000:.1f}"
 
 
-async def measure(rounds: int, turns: int, takeovers: int) -> str:
+async def measure(rounds: int, turns: int, takeovers: int, followers: int = 200) -> str:
     workdir = Path(tempfile.mkdtemp(prefix="bench-durable-"))
     postgres = BenchPostgres(workdir)
     project = signing_project()
@@ -335,6 +387,9 @@ async def measure(rounds: int, turns: int, takeovers: int) -> str:
     text_firsts: dict[str, list[float]] = {mode: [] for mode in MODES}
     loops: dict[str, list[float]] = {mode: [] for mode in MODES}
     per_turn: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
+    follower_counts = sorted({0, 10, followers}) if followers else []
+    beside: dict[int, list[float]] = {count: [] for count in follower_counts}
+    refused: dict[int, int] = dict.fromkeys(follower_counts, 0)
     try:
         for mode in MODES:
             # One after the other: the roles the migrations create are shared by the cluster's databases.
@@ -365,6 +420,10 @@ async def measure(rounds: int, turns: int, takeovers: int) -> str:
                     )
                 for _ in range(5):
                     loops[mode].append((await chat_turn(port, token, 1, steps=10)).total)
+            for count in follower_counts if round_index % 2 == 0 else follower_counts[::-1]:
+                firsts_beside, refusals = await beside_followers(servers["today"].port, token, count, turns)
+                beside[count] += firsts_beside
+                refused[count] += refusals
         takeover_times = (
             await takeover(urls["durable"], str(jwks_path), token, workdir, takeovers) if takeovers else []
         )
@@ -408,6 +467,14 @@ async def measure(rounds: int, turns: int, takeovers: int) -> str:
             f"| take-over after SIGKILL: turn finished, median / max (s) | | "
             f"{statistics.median(finished):.2f} / {max(finished):.2f} | |"
         )
+    if follower_counts:
+        lines += ["", "| streams following another turn (today) | first text delta p50, c=1 (ms) | vs none |"]
+        lines.append("|---|---|---|")
+        alone = percentile(beside[0], 0.5)
+        for count in follower_counts:
+            p50 = percentile(beside[count], 0.5)
+            served = f" ({refused[count] // rounds} refused, 429)" if refused[count] else ""
+            lines.append(f"| {count}{served} | {p50 * 1000:.1f} | {p50 / alone:.2f}× |")
     return "\n".join(lines)
 
 
@@ -420,8 +487,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--turns", type=int, default=48)
     parser.add_argument("--takeovers", type=int, default=5)
+    parser.add_argument("--followers", type=int, default=200, help="0 leaves the followers' figure out")
+    parser.add_argument("--follower-cap", type=int, default=0, help="lift the followers' caps to this")
     arguments = parser.parse_args(argv)
-    print(asyncio.run(measure(arguments.rounds, arguments.turns, arguments.takeovers)))
+    if arguments.follower_cap:
+        os.environ[FOLLOWER_CAP] = str(arguments.follower_cap)  # read by the servers it starts
+    figures = measure(arguments.rounds, arguments.turns, arguments.takeovers, arguments.followers)
+    print(asyncio.run(figures))
     return 0
 
 

@@ -24,6 +24,7 @@ from bastion.assistant.dev_auth import DevelopmentSignIn, InvalidUserNameError
 from bastion.assistant.remote import credentials_keyring
 from bastion.assistant.server import supabase_env
 from bastion.auth import TokenVerifier
+from bastion.stores import FollowerLimits
 from tests.scripted import collect, user
 
 USER_MCP = {
@@ -53,6 +54,8 @@ def test_defaults_need_no_configuration() -> None:
         ({"BASTION_RETAIN_EVENTS": "30 days"}, "BASTION_RETAIN_EVENTS must be an age such as 7d"),
         ({"BASTION_DRAIN_SECONDS": "-1"}, "BASTION_DRAIN_SECONDS must be a number of seconds"),
         ({"BASTION_DRAIN_SECONDS": "30s"}, "BASTION_DRAIN_SECONDS must be a number of seconds"),
+        ({"BASTION_MAX_FOLLOWERS_PER_USER": "0"}, "BASTION_MAX_FOLLOWERS_PER_USER must be a positive"),
+        ({"BASTION_MAX_FOLLOWERS_PER_TURN": "many"}, "BASTION_MAX_FOLLOWERS_PER_TURN must be a positive"),
     ],
 )
 def test_bad_settings_name_the_variable_and_the_fix(environ: dict[str, str], says: str) -> None:
@@ -70,6 +73,13 @@ def test_the_drain_deadline_defaults_to_thirty_seconds_and_may_be_zero() -> None
     assert AssistantConfig.from_env({}).drain_seconds == 30.0
     assert AssistantConfig.from_env({"BASTION_DRAIN_SECONDS": "0"}).drain_seconds == 0.0
     assert AssistantConfig.from_env({"BASTION_DRAIN_SECONDS": "12.5"}).drain_seconds == 12.5
+
+
+def test_follower_caps_default_and_are_set_by_count() -> None:
+    assert AssistantConfig.from_env({}).follower_limits() == FollowerLimits(per_user=20, per_turn=10)
+    caps = {"BASTION_MAX_FOLLOWERS_PER_USER": "3", "BASTION_MAX_FOLLOWERS_PER_TURN": "2"}
+    config = AssistantConfig.from_env(caps)
+    assert config.follower_limits() == FollowerLimits(per_user=3, per_turn=2)
 
 
 def test_an_unknown_model_name_says_what_to_use_instead() -> None:

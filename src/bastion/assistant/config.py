@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from pydantic_ai.models import Model
 
 from bastion._extras import missing_extra
+from bastion.stores.followers import DEFAULT_FOLLOWER_LIMITS, FollowerLimits
 
 if TYPE_CHECKING:
     from bastion.memory import Embedder
@@ -73,6 +74,8 @@ class AssistantConfig:
     retain_inbox_jobs: timedelta = DEFAULT_RETAIN_INBOX_JOBS
     retain_events: timedelta = DEFAULT_RETAIN_EVENTS
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
+    max_followers_per_user: int = DEFAULT_FOLLOWER_LIMITS.per_user
+    max_followers_per_turn: int = DEFAULT_FOLLOWER_LIMITS.per_turn
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> AssistantConfig:
@@ -125,11 +128,23 @@ class AssistantConfig:
             "drain_seconds": _seconds(
                 "BASTION_DRAIN_SECONDS", text("BASTION_DRAIN_SECONDS"), DEFAULT_DRAIN_SECONDS
             ),
+            "max_followers_per_user": _positive_int(
+                "BASTION_MAX_FOLLOWERS_PER_USER", text("BASTION_MAX_FOLLOWERS_PER_USER")
+            )
+            or DEFAULT_FOLLOWER_LIMITS.per_user,
+            "max_followers_per_turn": _positive_int(
+                "BASTION_MAX_FOLLOWERS_PER_TURN", text("BASTION_MAX_FOLLOWERS_PER_TURN")
+            )
+            or DEFAULT_FOLLOWER_LIMITS.per_turn,
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         config = cls(**values)  # type: ignore[arg-type]
         config.validate()
         return config
+
+    def follower_limits(self) -> FollowerLimits:
+        """How many streams may follow running turns at once in this process (`GET …/stream`)."""
+        return FollowerLimits(per_user=self.max_followers_per_user, per_turn=self.max_followers_per_turn)
 
     def validate(self) -> None:
         if self.inbox_secret is not None and len(self.inbox_secret) < 16:

@@ -118,7 +118,11 @@ async def running_assistant(
             f"Database ready in {time.monotonic() - started:.1f} s"
             + (f" (applied {', '.join(applied)})." if applied else ".")
         )
-        store = await PostgresStore.open(database.app_conninfo, admin_conninfo=database.admin_conninfo)
+        store = await PostgresStore.open(
+            database.app_conninfo,
+            admin_conninfo=database.admin_conninfo,
+            follower_limits=config.follower_limits(),
+        )
         user_credentials = None
         try:
             # One DBOS per process: the inbox's bot replies and the event hooks (unless BASTION_HOOKS=off)

@@ -44,7 +44,7 @@ from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
 from bastion.stores._turns import check_storable_message
 from bastion.stores.entities import StoreIdentity, TurnContext, TurnState, title_from_text
 from bastion.stores.errors import InvalidInputError, NotFoundError
-from bastion.stores.live import ChunkLog, LiveTurns, StreamSuperseded
+from bastion.stores.live import ChunkLog, FollowedRun, LiveTurns, StreamInterrupted, StreamSuperseded
 from bastion.stores.protocol import LiveTurnStore, Store
 from bastion.worker import RequestContext, Route
 
@@ -290,21 +290,23 @@ class ChatEndpoint(Generic[ContextT]):
             204: None,
         },
         query=ResumeQuery,
-        errors=(404,),
+        errors=(404, 429),
     )
     async def resume(self, request: Request, context: RequestContext, *, query: ResumeQuery) -> Response:
         """The AI SDK resume protocol: 204 when no turn is in flight, else the current turn's UI message
         stream from its start, then live until it ends. `?resetStep=1` (AI SDK 7) retracts a step a
-        taken-over turn re-runs with `reset-step`; otherwise the response closes and the client resumes."""
+        taken-over turn re-runs with `reset-step`; otherwise the response closes and the client resumes.
+        A user (or a turn) with as many followers as the store allows gets 429 `too_many_followers`
+        with `Retry-After`."""
         live = self._live()
         identity = StoreIdentity.from_principal(context.require_principal())
         conversation_id = _conversation_id(context)
         current = await live.live_run(identity, conversation_id)
         if current is None:
             return Response(status_code=204)
-        reset_step = query.resetStep == "1"
-        chunks = live.follow(identity, current.run_id, reset_step=reset_step)
-        return StreamingResponse(_events(chunks), headers=dict(UI_MESSAGE_STREAM_HEADERS))
+        # Past the caps (`FollowerLimits`) this refuses with 429 before anything is streamed.
+        followed = live.follow(identity, current.run_id, reset_step=query.resetStep == "1")
+        return _FollowerResponse(followed)
 
     async def after_saved_turn(
         self, turn: ChatTurn, messages: list[dict[str, Any]], response_message: dict[str, Any]
@@ -458,14 +460,42 @@ def _ended_with(messages: list[dict[str, Any]], response: dict[str, Any]) -> lis
     return [*kept, response]
 
 
+class _FollowerResponse(StreamingResponse):
+    """A follower's stream as SSE; its place is freed as soon as the response ends, whether the stream
+    ended, the client left or the response never started."""
+
+    def __init__(self, followed: FollowedRun) -> None:
+        super().__init__(_grouped_events(followed.groups()), headers=dict(UI_MESSAGE_STREAM_HEADERS))
+        self.followed = followed
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.followed.aclose()
+
+
 async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """SSE events of a followed stream. A stream the reader cannot retract ends without `[DONE]`: the
-    client sees it cut short and resumes, and the replay it then reads is whole."""
+    """SSE events of a followed stream, one write per chunk."""
+    async for event in _grouped_events([chunk] async for chunk in chunks):
+        yield event
+
+
+async def _grouped_events(groups: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
+    """SSE events of a followed stream, one write per group of chunks (what one read of the log brought:
+    a follower costs a write per read, not per chunk). A stream the reader cannot retract ends without
+    `[DONE]`: the client sees it cut short and resumes, and the replay it then reads is whole."""
     try:
-        async for chunk in chunks:
-            yield b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+        async for chunks in groups:
+            yield b"".join(
+                b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+                for chunk in chunks
+            )
     except StreamSuperseded:
         logger.info("A resumed stream was superseded by a take-over; the client replays it.")
+        return
+    except StreamInterrupted:
+        logger.info("A resumed stream's reader stopped with its store; the client resumes it.")
         return
     yield b"data: [DONE]\n\n"
 

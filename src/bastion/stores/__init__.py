@@ -46,6 +46,7 @@ from bastion.stores.errors import (
     ToolOperationError,
     ToolOperationMismatchError,
     ToolOperationUncertainError,
+    TooManyFollowersError,
     TurnConflictError,
 )
 from bastion.stores.filters import (
@@ -55,6 +56,7 @@ from bastion.stores.filters import (
     InvalidFilterError,
     conversation_cursor,
 )
+from bastion.stores.followers import FollowerLimits
 from bastion.stores.protocol import LiveTurnStore, Store
 from bastion.stores.schema import ConversationSchema, InvalidStateError
 from bastion.stores.sqlite import SqliteAgentPersistence, SqliteStore
@@ -104,6 +106,7 @@ __all__ = [
     "ConversationNotFoundError",
     "ConversationSchema",
     "Feedback",
+    "FollowerLimits",
     "InvalidFilterError",
     "InvalidInputError",
     "InvalidStateError",
@@ -122,6 +125,7 @@ __all__ = [
     "StoreError",
     "StoreIdentity",
     "StoredMessage",
+    "TooManyFollowersError",
     "ToolOperationConflictError",
     "ToolOperationError",
     "ToolOperationMismatchError",

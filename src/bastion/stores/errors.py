@@ -17,6 +17,7 @@ __all__ = [
     "InvalidInputError",
     "NotFoundError",
     "StoreError",
+    "TooManyFollowersError",
     "ToolOperationConflictError",
     "ToolOperationError",
     "ToolOperationMismatchError",
@@ -67,6 +68,23 @@ class ConversationBusyError(TurnConflictError):
     def __init__(self, retry_after: float = 1.0) -> None:
         super().__init__()
         self.retry_after = max(1, math.ceil(retry_after))
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class TooManyFollowersError(StoreError):
+    """The caller (or the turn) already has as many streams following running turns as a process
+    allows (`bastion.stores.FollowerLimits`); `Retry-After` says when to try again."""
+
+    code = "too_many_followers"
+    status = 429
+    default_message = "Too many streams of your replies are open. Close one or try again shortly."
+
+    def __init__(self, retry_after: int = 5) -> None:
+        super().__init__()
+        self.retry_after = max(1, retry_after)
 
     @property
     def headers(self) -> Mapping[str, str]:

@@ -31,10 +31,12 @@ from bastion.stores.entities import StoreIdentity
 __all__ = [
     "ChunkBatch",
     "ChunkLog",
+    "FollowedRun",
     "LiveRun",
     "LiveTurns",
     "LogCarry",
     "StreamAssembly",
+    "StreamInterrupted",
     "StreamSuperseded",
 ]
 
@@ -47,6 +49,10 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 class StreamSuperseded(Exception):
     """A follower already sent chunks a new attempt replaced, and cannot retract them (AI SDK 6)."""
+
+
+class StreamInterrupted(Exception):
+    """A follower's reader stopped before the turn ended (the store closed): the client resumes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,6 +417,17 @@ class LiveTurns(Protocol):
 
     async def live_run(self, identity: StoreIdentity, conversation_id: str) -> LiveRun | None: ...
 
-    def follow(
-        self, identity: StoreIdentity, run_id: str, *, reset_step: bool = False
-    ) -> AsyncIterator[Chunk]: ...
+    def follow(self, identity: StoreIdentity, run_id: str, *, reset_step: bool = False) -> FollowedRun:
+        """The run's stream from its start, then live; may refuse a follower at once (a `StoreError`)."""
+        ...
+
+
+class FollowedRun(Protocol):
+    """A follower's stream of a run: its chunks (or the groups each read brought), and `aclose()` to
+    stop following at once."""
+
+    def __aiter__(self) -> AsyncIterator[Chunk]: ...
+
+    def groups(self) -> AsyncIterator[list[Chunk]]: ...
+
+    async def aclose(self) -> None: ...

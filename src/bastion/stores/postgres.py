@@ -76,6 +76,7 @@ from bastion.stores.errors import (
     TurnConflictError,
 )
 from bastion.stores.filters import ConversationFilter
+from bastion.stores.followers import DEFAULT_FOLLOWER_LIMITS, FollowerLimits
 from bastion.stores.schema import ConversationSchema
 
 if TYPE_CHECKING:
@@ -98,6 +99,8 @@ class PostgresStore:
     conversations' stored tails this process remembers to claim a later turn in one round trip
     (0 remembers none), and `claim_cache_bytes` the bytes of messages they hold in all. `schema` is
     the application's conversation state type and registered columns (`ConversationSchema`).
+    `follower_limits` caps the streams that follow running turns in this process (resumes, 429 past
+    the cap); every follower of one turn shares one reader of its log.
 
     The store names itself on the runs it claims with a random worker key and, while it runs
     turns, holds that key's session advisory lock on a connection of its own (outside the pool;
@@ -115,6 +118,7 @@ class PostgresStore:
         claim_cache_size: int = 256,
         claim_cache_bytes: int = DEFAULT_MAX_BYTES,
         schema: ConversationSchema[Any] | None = None,
+        follower_limits: FollowerLimits = DEFAULT_FOLLOWER_LIMITS,
     ) -> None:
         self._pool = pool
         self.schema: Final = schema or ConversationSchema()
@@ -127,6 +131,7 @@ class PostgresStore:
         self._liveness_lock = asyncio.Lock()
         self.leases: Final = LeaseKeeper(self._renew_leases)
         self._live: PostgresLiveTurns | None = None
+        self.follower_limits: Final = follower_limits
 
     @classmethod
     async def open(
@@ -141,6 +146,7 @@ class PostgresStore:
         claim_cache_size: int = 256,
         claim_cache_bytes: int = DEFAULT_MAX_BYTES,
         schema: ConversationSchema[Any] | None = None,
+        follower_limits: FollowerLimits = DEFAULT_FOLLOWER_LIMITS,
     ) -> PostgresStore:
         """A store over a connection string (opening its own pool) or an existing pool.
 
@@ -154,6 +160,7 @@ class PostgresStore:
                 claim_cache_size=claim_cache_size,
                 claim_cache_bytes=claim_cache_bytes,
                 schema=schema,
+                follower_limits=follower_limits,
             )
         # A connection the server closed (a restart, a failover) is replaced before a call gets it.
         check = PoolCheck()
@@ -174,6 +181,7 @@ class PostgresStore:
             claim_cache_size=claim_cache_size,
             claim_cache_bytes=claim_cache_bytes,
             schema=schema,
+            follower_limits=follower_limits,
         )
         await pool.open(wait=True)
         try:
@@ -197,7 +205,9 @@ class PostgresStore:
             conninfo = self._pool.conninfo
             if not isinstance(conninfo, str):
                 raise ValueError("Live turns listen on their own connection: open the store with a string.")
-            self._live = PostgresLiveTurns(self, listen_conninfo=conninfo)
+            self._live = PostgresLiveTurns(
+                self, listen_conninfo=conninfo, follower_limits=self.follower_limits
+            )
         return self._live
 
     async def close(self) -> None:

@@ -4,7 +4,8 @@ listening connection per process that wakes followers and running turns (channel
 A follower asks for its run to be streamed live (`follow:<run>`, with its first read and every
 `poll_seconds` it waits in vain); the worker running the turn, whichever it is, then writes its log
 at once and every `flush_interval`, each write notifying `chunk:<run>`. Nobody following, a turn's
-log is written at its step boundaries only, and notifies nobody.
+log is written at its step boundaries only, and notifies nobody. However many follow one run in one
+process, one reader reads its log for them all (`bastion.stores.followers`, which also caps them).
 
 Everything a user reads runs as that user under row-level security; writes go through the
 migration's SECURITY DEFINER functions. A missed notification costs at most `poll_seconds`: readers
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
@@ -27,7 +28,8 @@ from bastion.stores._turns import recordable
 from bastion.stores.checkpoints import TurnCheckpoints
 from bastion.stores.entities import StoreIdentity, parse_uuid
 from bastion.stores.errors import NotFoundError
-from bastion.stores.live import ChunkBatch, ChunkLog, LiveRun, StreamAssembly, StreamSuperseded
+from bastion.stores.followers import DEFAULT_FOLLOWER_LIMITS, FollowedStream, FollowerLimits, TurnFollowers
+from bastion.stores.live import ChunkBatch, ChunkLog, LiveRun
 
 if TYPE_CHECKING:
     from bastion.stores.postgres import PostgresStore
@@ -63,13 +65,16 @@ class PostgresLiveTurns:
         listen_conninfo: str,
         flush_interval: float = 0.05,
         poll_seconds: float = 1.0,
+        follower_limits: FollowerLimits = DEFAULT_FOLLOWER_LIMITS,
     ) -> None:
         self._store = store
         self._conninfo = listen_conninfo
         self._flush_interval = flush_interval
         self._poll = poll_seconds
         self._stops: dict[str, set[asyncio.Event]] = {}
-        self._followers: dict[str, set[asyncio.Event]] = {}
+        self.followers: Final = TurnFollowers(
+            self._read_log, limits=follower_limits, poll_seconds=poll_seconds
+        )
         self._logs: dict[str, set[ChunkLog]] = {}
         self._listener: asyncio.Task[None] | None = None
 
@@ -172,61 +177,28 @@ class PostgresLiveTurns:
             raise NotFoundError()
         return None if row[1] is None else LiveRun(run_id=row[1], stop_requested=bool(row[2]))
 
-    async def follow(
-        self, identity: StoreIdentity, run_id: str, *, reset_step: bool = False
-    ) -> AsyncIterator[dict[str, Any]]:
-        """The run's stream from its start, then live until it ends.
+    def follow(self, identity: StoreIdentity, run_id: str, *, reset_step: bool = False) -> FollowedStream:
+        """The run's stream from its start, then live until it ends; refused with
+        `TooManyFollowersError` (429) past the process's `FollowerLimits`.
 
-        When a new attempt supersedes chunks already yielded, yields `reset-step` (AI SDK 7) if
-        `reset_step`, else raises `StreamSuperseded` so the response closes and the client replays.
-        Ends after the `finish` chunk, or when the run is no longer in flight and its log is read
-        to the end (adding a `finish` the log lacks). A run seen in flight writes its last chunks
-        just after it settles: that write is waited for (at most `poll_seconds`) before the end.
+        Every follower of one run and owner in this process shares one reader of the log
+        (`bastion.stores.followers`). When a new attempt supersedes chunks already yielded, yields
+        `reset-step` (AI SDK 7) if `reset_step`, else raises `StreamSuperseded` so the response closes
+        and the client replays. Ends after the `finish` chunk, or when the run is no longer in flight
+        and its log is read to the end (adding a `finish` the log lacks).
         """
         self._ensure_listening()
-        wake = asyncio.Event()
-        self._followers.setdefault(run_id, set()).add(wake)
-        assembly = StreamAssembly()
-        after = 0
-        ask = True  # for the run to be streamed live: at first, and whenever a wait found nothing
-        tail_awaited = True  # nothing to wait for until the run is seen in flight
-        try:
-            while True:
-                wake.clear()
-                if ask:
-                    for log in self._logs.get(run_id, ()):
-                        log.follow()  # the turn runs here: no need to wait for the notification
-                live, rows = await self._read(identity, run_id, after, follow=ask)
-                # Everything read is applied before anything is sent: an attempt superseded within
-                # what was read (a take-over, read after the fact) is never sent, only what stands.
-                superseded = False
-                for row_id, seq, reset, chunks in rows:
-                    after = row_id
-                    superseded = assembly.apply(ChunkBatch(seq, chunks, reset)) or superseded
-                if superseded:
-                    if not reset_step:
-                        raise StreamSuperseded()
-                    yield {"type": "reset-step"}
-                for chunk in assembly.take():
-                    yield chunk
-                if assembly.finished:
-                    return
-                if live:
-                    tail_awaited = False
-                elif not rows and tail_awaited:
-                    if assembly.chunks and assembly.chunks[0].get("type") == "start":
-                        yield {"type": "finish"}
-                    return
-                elif not rows:
-                    tail_awaited = True
-                try:
-                    async with asyncio.timeout(self._poll):  # not wait_for: see hooks/delivery.py
-                        await wake.wait()
-                    ask = False
-                except TimeoutError:
-                    ask = True  # the request may have been missed, or the turn taken over elsewhere
-        finally:
-            _discard(self._followers, run_id, wake)
+        return self.followers.follow(identity, run_id, reset_step=reset_step)
+
+    async def _read_log(
+        self, identity: StoreIdentity, run_id: str, after: int, ask: bool
+    ) -> tuple[bool, list[tuple[int, int, bool, list[dict[str, Any]]]]]:
+        """A shared reader's read; `ask`ing for the run to be streamed live asks this process's own log
+        of it at once, without waiting for the notification."""
+        if ask:
+            for log in self._logs.get(run_id, ()):
+                log.follow()
+        return await self._read(identity, run_id, after, follow=ask)
 
     async def _read(
         self, identity: StoreIdentity, run_id: str, after: int, *, follow: bool
@@ -255,8 +227,10 @@ class PostgresLiveTurns:
                             for log in self._logs.get(run_id, ()):
                                 log.follow()
                             continue
-                        events = self._stops if kind == "stop" else self._followers
-                        for event in events.get(run_id, ()):
+                        if kind != "stop":
+                            self.followers.wake(run_id)
+                            continue
+                        for event in self._stops.get(run_id, ()):
                             event.set()
             except asyncio.CancelledError:
                 raise
@@ -268,14 +242,13 @@ class PostgresLiveTurns:
     def _wake_everyone(self) -> None:
         """After a (re)connect, notifications may have been missed: followers re-read, running turns
         check for a stop."""
-        for events in self._followers.values():
-            for event in events:
-                event.set()
+        self.followers.wake_all()
         for logs in self._logs.values():
             for log in logs:
                 log.check()
 
     async def close(self) -> None:
+        await self.followers.close()
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
