@@ -181,6 +181,15 @@ class Cluster:
             ).fetchone()
         return (row[0], row[1]) if row else None
 
+    def listening(self, channel: str) -> bool:
+        """Whether a connection of the application's role listens on `channel` (its last statement)."""
+        with self.admin() as conn:
+            row = conn.execute(
+                "select count(*) from pg_stat_activity where usename = 'bastion_app' and query = %s",
+                (f"listen {channel}",),
+            ).fetchone()
+        return bool(row and row[0])
+
     def run(self, conversation: str) -> tuple[str, str, int | None] | None:
         """The conversation's latest run: id, status, worker key."""
         with self.admin() as conn:

@@ -18,14 +18,23 @@ import pytest
 
 from bastion.durable import migrate_durable
 from bastion.stores import apply_migrations
+from bastion.stores.postgres_live import CHANNEL
 from tests.conftest import MigratedDatabase
-from tests.durable_cluster import Cluster, Worker, cluster_of, post_turn, until, user_message
+from tests.durable_cluster import (
+    Cluster,
+    Worker,
+    cluster_of,
+    post_turn,
+    resumed_stream,
+    until,
+    user_message,
+)
 from tests.pg import PostgresCluster
 
 # How long a request waits for a pooled connection while the database is down, before its 503.
 POOL_TIMEOUT = 3.0
 # Turns in flight when the database restarts.
-TURNS = 4
+TURNS = 6
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +96,14 @@ async def test_requests_across_a_postgres_restart_get_503_with_retry_after_never
         assert status == 200 and chunks[-1]["type"] == "finish"
 
 
+async def turn_refused(cluster: Cluster, worker: Worker, user: str) -> tuple[int, str | None, str]:
+    """A new turn asked for: its status, `Retry-After` and error code."""
+    body = {"id": str(uuid.uuid4()), "messages": [user_message("hello")], "trigger": "submit-message"}
+    async with httpx2.AsyncClient(timeout=30) as http:
+        response = await http.post(f"{worker.url}/api/chat", json=body, headers=cluster.headers(user))
+    return response.status_code, response.headers.get("retry-after"), response.json()["code"]
+
+
 def outcome(cluster: Cluster, conversation: str, answer: tuple[int, list[dict[str, Any]]]) -> str:
     """What became of a turn: `completed` (stored whole, streamed to its `finish`) or `failed` (the
     client saw an error: a refusal or an `error` chunk, and the run is settled); anything else fails."""
@@ -113,27 +130,25 @@ async def test_turns_in_flight_across_a_postgres_restart_complete_or_fail_visibl
             await post_turn(cluster, worker, user, conversation, [user_message(f"turn {conversation}")])
             for conversation in conversations
         ]
-        # Every turn is streaming its first model request when the database goes away for a second.
+        # Every turn is streaming its first model request when the database crashes (no checkpoint: it
+        # recovers from its write-ahead log, as after a failover). A turn asked for meanwhile is refused.
         await until(lambda: all(cluster.count(c, "model:turn:0") for c in conversations), 30)
-        restartable.cluster.stop()
-        await asyncio.sleep(1.0)
+        restartable.cluster.stop(mode="immediate")
+        refused = await turn_refused(cluster, worker, user)
         restartable.cluster.start()
         answers = await asyncio.wait_for(asyncio.gather(*posted), 90)  # no turn hangs
+        assert refused == (503, "2", "database_unavailable"), refused
         # A turn whose run was left running by the outage settles once its lease runs out, at most.
         await until(lambda: all((run := cluster.run(c)) and run[1] != "running" for c in conversations), 60)
         outcomes = [outcome(cluster, c, answer) for c, answer in zip(conversations, answers, strict=True)]
         print(f"turns across a Postgres restart: {outcomes.count('completed')} completed, "
               f"{outcomes.count('failed')} failed visibly, of {TURNS}")  # fmt: skip
+        for conversation in conversations:
+            assert cluster.count(conversation, "tool:start") <= 1, cluster.effects(conversation)
 
         # The same worker serves new turns, durable again: pools, listener and DBOS reconnected.
-        fresh = str(uuid.uuid4())
-        status, chunks = await (
-            await post_turn(cluster, worker, user, fresh, [user_message(f"turn {fresh}")])
-        )
-        assert status == 200 and chunks[-1]["type"] == "finish", chunks[-3:]
-        run = cluster.run(fresh)
-        assert run is not None and run[1] == "completed"
-        await until(lambda: (found := cluster.workflow(fresh, run[0])) and found[0] == "SUCCESS", 30)
+        await new_turn_streams_to_its_post_and_its_followers(cluster, worker, user)
+        assert cluster.listening(CHANNEL), "the live turns' listener did not reconnect"
         for conversation in conversations:
             history = cluster.messages(conversation)
             if history and history[-1]["role"] == "user":
@@ -142,3 +157,26 @@ async def test_turns_in_flight_across_a_postgres_restart_complete_or_fail_visibl
                 await post_turn(cluster, worker, user, conversation, [*history, user_message("again")])
             )
             assert status == 200 and chunks[-1]["type"] == "finish", (status, chunks[-3:])
+
+
+async def new_turn_streams_to_its_post_and_its_followers(cluster: Cluster, worker: Worker, user: str) -> None:
+    """A new turn with a tool call runs once, durably, and the clients that resume it while it streams
+    (`GET …/stream`, as a reloaded page does) read the whole reply live."""
+    fresh = str(uuid.uuid4())
+    posted = await post_turn(cluster, worker, user, fresh, [user_message(f"turn {fresh}")])
+    await until(lambda: cluster.count(fresh, "model:turn:0"), 30)
+    followed = await asyncio.wait_for(
+        asyncio.gather(*(resumed_stream(cluster, worker, user, fresh, timeout=30) for _ in range(2))), 60
+    )
+    status, chunks = await asyncio.wait_for(posted, 60)
+    assert status == 200 and chunks[-1]["type"] == "finish", chunks[-3:]
+    for follower in followed:
+        assert follower is not None and texts(follower) == texts(chunks), (follower, chunks)
+    run = cluster.run(fresh)
+    assert run is not None and run[1] == "completed"
+    assert cluster.count(fresh, "tool:start") == 1
+    await until(lambda: (found := cluster.workflow(fresh, run[0])) and found[0] == "SUCCESS", 30)
+
+
+def texts(chunks: list[dict[str, Any]]) -> str:
+    return "".join(chunk.get("delta", "") for chunk in chunks if chunk["type"] == "text-delta")
