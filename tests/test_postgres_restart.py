@@ -8,6 +8,7 @@ test; the workers are `tests.durable_chat_worker` processes (uvicorn, DBOS, a Po
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,6 +105,28 @@ async def turn_refused(cluster: Cluster, worker: Worker, user: str) -> tuple[int
     return response.status_code, response.headers.get("retry-after"), response.json()["code"]
 
 
+async def follow_once(
+    cluster: Cluster, worker: Worker, user: str, conversation: str, reading: asyncio.Event
+) -> tuple[int, list[dict[str, Any]]]:
+    """One `GET …/stream` of the turn in flight, read until it ends or breaks: its status and chunks
+    (`reading` is set at the first)."""
+    chunks: list[dict[str, Any]] = []
+    async with httpx2.AsyncClient(timeout=60) as http:
+        try:
+            async with http.stream(
+                "GET", f"{worker.url}/api/chat/{conversation}/stream", headers=cluster.headers(user)
+            ) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        chunks.append(json.loads(line[6:]))
+                        reading.set()
+                return response.status_code, chunks
+        except httpx2.HTTPError:
+            return -1, chunks
+        finally:
+            reading.set()
+
+
 def outcome(cluster: Cluster, conversation: str, answer: tuple[int, list[dict[str, Any]]]) -> str:
     """What became of a turn: `completed` (stored whole, streamed to its `finish`) or `failed` (the
     client saw an error: a refusal or an `error` chunk, and the run is settled); anything else fails."""
@@ -133,10 +156,17 @@ async def test_turns_in_flight_across_a_postgres_restart_complete_or_fail_visibl
         # Every turn is streaming its first model request when the database crashes (no checkpoint: it
         # recovers from its write-ahead log, as after a failover). A turn asked for meanwhile is refused.
         await until(lambda: all(cluster.count(c, "model:turn:0") for c in conversations), 30)
+        reading = [asyncio.Event() for _ in range(2)]
+        followers = [
+            asyncio.ensure_future(follow_once(cluster, worker, user, c, read))
+            for c, read in zip(conversations, reading, strict=False)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(read.wait() for read in reading)), 30)
         restartable.cluster.stop(mode="immediate")
         refused = await turn_refused(cluster, worker, user)
         restartable.cluster.start()
         answers = await asyncio.wait_for(asyncio.gather(*posted), 90)  # no turn hangs
+        followed = await asyncio.wait_for(asyncio.gather(*followers), 90)  # nor any follower
         assert refused == (503, "2", "database_unavailable"), refused
         # A turn whose run was left running by the outage settles once its lease runs out, at most.
         await until(lambda: all((run := cluster.run(c)) and run[1] != "running" for c in conversations), 60)
@@ -145,6 +175,10 @@ async def test_turns_in_flight_across_a_postgres_restart_complete_or_fail_visibl
               f"{outcomes.count('failed')} failed visibly, of {TURNS}")  # fmt: skip
         for conversation in conversations:
             assert cluster.count(conversation, "tool:start") <= 1, cluster.effects(conversation)
+        # A follower rides the outage out with its turn: it reads the reply its turn's client read.
+        for (status, chunks), answer in zip(followed, answers, strict=False):
+            assert status == 200 and chunks[-1]["type"] == answer[1][-1]["type"], (chunks[-3:], answer)
+            assert texts(chunks) == texts(answer[1])
 
         # The same worker serves new turns, durable again: pools, listener and DBOS reconnected.
         await new_turn_streams_to_its_post_and_its_followers(cluster, worker, user)
