@@ -183,6 +183,8 @@ async def test_turns_in_flight_across_a_postgres_restart_complete_or_fail_visibl
         # The same worker serves new turns, durable again: pools, listener and DBOS reconnected.
         await new_turn_streams_to_its_post_and_its_followers(cluster, worker, user)
         assert cluster.listening(CHANNEL), "the live turns' listener did not reconnect"
+        # Its janitor holds the executor's liveness lock again: no other worker takes its turns for dead.
+        await until(lambda: cluster.executor_alive(worker.executor), 30)
         for conversation in conversations:
             history = cluster.messages(conversation)
             if history and history[-1]["role"] == "user":
