@@ -2,7 +2,8 @@
 with 503 and `Retry-After`, never 500, and the worker recovers by itself, without a restart.
 
 The module runs its own embedded server (`PostgresCluster(own=True)`), so stopping it disturbs no other
-test; the workers are `tests.durable_chat_worker` processes (uvicorn, DBOS, a Postgres store).
+test; the workers are `tests.durable_chat_worker` processes (uvicorn, DBOS, a Postgres store), and the
+assistant runs in this process (its hooks delivered by DBOS).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import psycopg
 import pytest
 
 from bastion.durable import migrate_durable
+from bastion.hooks.delivery import CHANNEL as HOOKS_CHANNEL
 from bastion.stores import apply_migrations
 from bastion.stores.postgres_live import CHANNEL
 from tests.conftest import MigratedDatabase
@@ -31,6 +34,7 @@ from tests.durable_cluster import (
     user_message,
 )
 from tests.pg import PostgresCluster
+from tests.test_assistant import chat, serve_assistant
 
 # How long a request waits for a pooled connection while the database is down, before its 503.
 POOL_TIMEOUT = 3.0
@@ -216,3 +220,43 @@ async def new_turn_streams_to_its_post_and_its_followers(cluster: Cluster, worke
 
 def texts(chunks: list[dict[str, Any]]) -> str:
     return "".join(chunk.get("delta", "") for chunk in chunks if chunk["type"] == "text-delta")
+
+
+async def test_the_assistant_delivers_its_hooks_again_after_a_postgres_restart(
+    restartable: MigratedDatabase, tmp_path: Path
+) -> None:
+    """The assistant in this process (uvicorn, DBOS, hook delivery): its hooks' listener reconnects, and a
+    turn after the restart reaches the chat tables through a hook delivery, without restarting it."""
+
+    def chats(conversation: str) -> int:
+        with psycopg.connect(served.config.database_url, autocommit=True) as conn:
+            row = conn.execute(
+                "select count(*) from bastion.ai_chats where conversation_id = %s", (conversation,)
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def hooks_listening() -> bool:
+        with psycopg.connect(served.config.database_url, autocommit=True) as conn:
+            row = conn.execute(
+                "select count(*) from pg_stat_activity where datname = current_database() and query = %s",
+                (f"listen {HOOKS_CHANNEL}",),
+            ).fetchone()
+        return bool(row and row[0])
+
+    async with serve_assistant(restartable.cluster, tmp_path) as served:
+        headers = await served.sign_in("ada")
+        before = str(uuid.uuid4())
+        assert (await chat(served, headers, before, [user_message("hello")])).status_code == 200
+        await until(lambda: chats(before), 30)
+        assert hooks_listening()
+
+        restartable.cluster.stop(mode="immediate")
+        restartable.cluster.start()
+        after = str(uuid.uuid4())
+        statuses = [(await chat(served, headers, after, [user_message("again")])).status_code]
+        while statuses[-1] == 503 and len(statuses) < 10:  # refused while the pool reconnects, at most
+            await asyncio.sleep(0.5)
+            statuses.append((await chat(served, headers, after, [user_message("again")])).status_code)
+        assert statuses[-1] == 200 and set(statuses[:-1]) <= {503}, statuses
+        await until(lambda: chats(after), 30)
+        await until(hooks_listening, 30)  # its listener reconnected
