@@ -179,6 +179,8 @@ async def test_turns_in_flight_across_a_postgres_restart_complete_or_fail_visibl
               f"{outcomes.count('failed')} failed visibly, of {TURNS}")  # fmt: skip
         for conversation in conversations:
             assert cluster.count(conversation, "tool:start") <= 1, cluster.effects(conversation)
+        # Every turn's workflow ends too (none left PENDING for a janitor to run again).
+        await until(lambda: all(settled_workflow(cluster, c) for c in conversations), 30)
         # A follower rides the outage out with its turn: it reads the reply its turn's client read.
         for (status, chunks), answer in zip(followed, answers, strict=False):
             assert status == 200 and chunks[-1]["type"] == answer[1][-1]["type"], (chunks[-3:], answer)
@@ -216,6 +218,12 @@ async def new_turn_streams_to_its_post_and_its_followers(cluster: Cluster, worke
     assert run is not None and run[1] == "completed"
     assert cluster.count(fresh, "tool:start") == 1
     await until(lambda: (found := cluster.workflow(fresh, run[0])) and found[0] == "SUCCESS", 30)
+
+
+def settled_workflow(cluster: Cluster, conversation: str) -> bool:
+    run = cluster.run(conversation)
+    found = cluster.workflow(conversation, run[0]) if run else None
+    return found is not None and found[0] in ("SUCCESS", "ERROR")
 
 
 def texts(chunks: list[dict[str, Any]]) -> str:
