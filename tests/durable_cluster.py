@@ -191,6 +191,23 @@ class Cluster:
             ).fetchone()
         return (row[0], row[1]) if row else None
 
+    def executor_alive(self, executor: str) -> bool:
+        """Whether a process holds the executor's liveness lock (what the janitors read as alive)."""
+        with self.admin() as conn:
+            row = conn.execute(
+                "select pg_try_advisory_lock(hashtextextended(%s, 0))", ("bastion.executor:" + executor,)
+            ).fetchone()
+        return not (row and row[0])  # taken here, it is released as this connection closes
+
+    def listening(self, channel: str) -> bool:
+        """Whether a connection of the application's role listens on `channel` (its last statement)."""
+        with self.admin() as conn:
+            row = conn.execute(
+                "select count(*) from pg_stat_activity where usename = 'bastion_app' and query = %s",
+                (f"listen {channel}",),
+            ).fetchone()
+        return bool(row and row[0])
+
     def run(self, conversation: str) -> tuple[str, str, int | None] | None:
         """The conversation's latest run: id, status, worker key."""
         with self.admin() as conn:

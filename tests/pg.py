@@ -53,10 +53,12 @@ class PostgresCluster:
             raise RuntimeError(f"The server is {EXTERNAL_SERVER}'s, not this session's own.")
         return self._server
 
-    def stop(self) -> None:
-        """Stop the server at once, ending every session (clients see their connections broken)."""
+    def stop(self, *, mode: str = "fast") -> None:
+        """Stop the server at once, ending every session (clients see their connections broken).
+        `mode="immediate"` kills it without a checkpoint, as a crash or a failover does: its start then
+        recovers from the write-ahead log."""
         server = self._own_server()
-        command = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(server.pgdata), "-w", "-m", "fast", "stop"]
+        command = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(server.pgdata), "-w", "-m", mode, "stop"]
         subprocess.run(command, check=True, capture_output=True, user=server.system_user, timeout=30)
 
     def start(self) -> None:

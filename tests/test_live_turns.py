@@ -306,6 +306,30 @@ async def test_a_durable_mark_rides_on_the_logs_next_write_or_on_a_write_of_no_c
     ]
 
 
+async def test_closing_the_log_while_a_write_waits_for_the_database_writes_that_batch_again() -> None:
+    written: list[ChunkBatch] = []
+    waiting = asyncio.Event()
+    stalled = [True]
+
+    async def sink(batch: ChunkBatch) -> bool:
+        if stalled[0]:  # a write waiting for a connection while the database restarts
+            stalled[0] = False
+            waiting.set()
+            await asyncio.Event().wait()
+        written.append(batch)
+        return False
+
+    log = ChunkLog(sink, interval=3600)
+    log.add({"type": "start"})
+    log.add({"type": "finish-step"})  # a step boundary: written in the background at once
+    await waiting.wait()
+    log.add({"type": "finish"})
+    await log.close()  # stops the writer mid-write, then writes what the log holds
+    types = [chunk["type"] for batch in written for chunk in batch.chunks]
+    assert types == ["start", "finish-step", "finish"]
+    assert written[0].seq == 0
+
+
 @pytest.mark.parametrize("position", [0, 2])
 def test_a_gap_shows_nothing_past_it(position: int) -> None:
     assembly = StreamAssembly()

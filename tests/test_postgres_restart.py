@@ -2,30 +2,44 @@
 with 503 and `Retry-After`, never 500, and the worker recovers by itself, without a restart.
 
 The module runs its own embedded server (`PostgresCluster(own=True)`), so stopping it disturbs no other
-test; the workers are `tests.durable_chat_worker` processes (uvicorn, DBOS, a Postgres store).
+test; the workers are `tests.durable_chat_worker` processes (uvicorn, DBOS, a Postgres store), and the
+assistant runs in this process (its hooks delivered by DBOS).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx2
+import psycopg
 import pytest
 
 from bastion.durable import migrate_durable
+from bastion.hooks.delivery import CHANNEL as HOOKS_CHANNEL
 from bastion.stores import apply_migrations
+from bastion.stores.postgres_live import CHANNEL
 from tests.conftest import MigratedDatabase
-from tests.durable_cluster import Cluster, Worker, cluster_of, post_turn, until, user_message
+from tests.durable_cluster import (
+    Cluster,
+    Worker,
+    cluster_of,
+    post_turn,
+    resumed_stream,
+    until,
+    user_message,
+)
 from tests.pg import PostgresCluster
+from tests.test_assistant import chat, serve_assistant
 
 # How long a request waits for a pooled connection while the database is down, before its 503.
 POOL_TIMEOUT = 3.0
 # Turns in flight when the database restarts.
-TURNS = 4
+TURNS = 6
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +101,36 @@ async def test_requests_across_a_postgres_restart_get_503_with_retry_after_never
         assert status == 200 and chunks[-1]["type"] == "finish"
 
 
+async def turn_refused(cluster: Cluster, worker: Worker, user: str) -> tuple[int, str | None, str]:
+    """A new turn asked for: its status, `Retry-After` and error code."""
+    body = {"id": str(uuid.uuid4()), "messages": [user_message("hello")], "trigger": "submit-message"}
+    async with httpx2.AsyncClient(timeout=30) as http:
+        response = await http.post(f"{worker.url}/api/chat", json=body, headers=cluster.headers(user))
+    return response.status_code, response.headers.get("retry-after"), response.json()["code"]
+
+
+async def follow_once(
+    cluster: Cluster, worker: Worker, user: str, conversation: str, reading: asyncio.Event
+) -> tuple[int, list[dict[str, Any]]]:
+    """One `GET …/stream` of the turn in flight, read until it ends or breaks: its status and chunks
+    (`reading` is set at the first)."""
+    chunks: list[dict[str, Any]] = []
+    async with httpx2.AsyncClient(timeout=60) as http:
+        try:
+            async with http.stream(
+                "GET", f"{worker.url}/api/chat/{conversation}/stream", headers=cluster.headers(user)
+            ) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        chunks.append(json.loads(line[6:]))
+                        reading.set()
+                return response.status_code, chunks
+        except httpx2.HTTPError:
+            return -1, chunks
+        finally:
+            reading.set()
+
+
 def outcome(cluster: Cluster, conversation: str, answer: tuple[int, list[dict[str, Any]]]) -> str:
     """What became of a turn: `completed` (stored whole, streamed to its `finish`) or `failed` (the
     client saw an error: a refusal or an `error` chunk, and the run is settled); anything else fails."""
@@ -113,27 +157,40 @@ async def test_turns_in_flight_across_a_postgres_restart_complete_or_fail_visibl
             await post_turn(cluster, worker, user, conversation, [user_message(f"turn {conversation}")])
             for conversation in conversations
         ]
-        # Every turn is streaming its first model request when the database goes away for a second.
+        # Every turn is streaming its first model request when the database crashes (no checkpoint: it
+        # recovers from its write-ahead log, as after a failover). A turn asked for meanwhile is refused.
         await until(lambda: all(cluster.count(c, "model:turn:0") for c in conversations), 30)
-        restartable.cluster.stop()
-        await asyncio.sleep(1.0)
+        reading = [asyncio.Event() for _ in range(2)]
+        followers = [
+            asyncio.ensure_future(follow_once(cluster, worker, user, c, read))
+            for c, read in zip(conversations, reading, strict=False)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(read.wait() for read in reading)), 30)
+        restartable.cluster.stop(mode="immediate")
+        refused = await turn_refused(cluster, worker, user)
         restartable.cluster.start()
         answers = await asyncio.wait_for(asyncio.gather(*posted), 90)  # no turn hangs
+        followed = await asyncio.wait_for(asyncio.gather(*followers), 90)  # nor any follower
+        assert refused == (503, "2", "database_unavailable"), refused
         # A turn whose run was left running by the outage settles once its lease runs out, at most.
         await until(lambda: all((run := cluster.run(c)) and run[1] != "running" for c in conversations), 60)
         outcomes = [outcome(cluster, c, answer) for c, answer in zip(conversations, answers, strict=True)]
         print(f"turns across a Postgres restart: {outcomes.count('completed')} completed, "
               f"{outcomes.count('failed')} failed visibly, of {TURNS}")  # fmt: skip
+        for conversation in conversations:
+            assert cluster.count(conversation, "tool:start") <= 1, cluster.effects(conversation)
+        # Every turn's workflow ends too (none left PENDING for a janitor to run again).
+        await until(lambda: all(settled_workflow(cluster, c) for c in conversations), 30)
+        # A follower rides the outage out with its turn: it reads the reply its turn's client read.
+        for (status, chunks), answer in zip(followed, answers, strict=False):
+            assert status == 200 and chunks[-1]["type"] == answer[1][-1]["type"], (chunks[-3:], answer)
+            assert texts(chunks) == texts(answer[1])
 
         # The same worker serves new turns, durable again: pools, listener and DBOS reconnected.
-        fresh = str(uuid.uuid4())
-        status, chunks = await (
-            await post_turn(cluster, worker, user, fresh, [user_message(f"turn {fresh}")])
-        )
-        assert status == 200 and chunks[-1]["type"] == "finish", chunks[-3:]
-        run = cluster.run(fresh)
-        assert run is not None and run[1] == "completed"
-        await until(lambda: (found := cluster.workflow(fresh, run[0])) and found[0] == "SUCCESS", 30)
+        await new_turn_streams_to_its_post_and_its_followers(cluster, worker, user)
+        assert cluster.listening(CHANNEL), "the live turns' listener did not reconnect"
+        # Its janitor holds the executor's liveness lock again: no other worker takes its turns for dead.
+        await until(lambda: cluster.executor_alive(worker.executor), 30)
         for conversation in conversations:
             history = cluster.messages(conversation)
             if history and history[-1]["role"] == "user":
@@ -142,3 +199,72 @@ async def test_turns_in_flight_across_a_postgres_restart_complete_or_fail_visibl
                 await post_turn(cluster, worker, user, conversation, [*history, user_message("again")])
             )
             assert status == 200 and chunks[-1]["type"] == "finish", (status, chunks[-3:])
+
+
+async def new_turn_streams_to_its_post_and_its_followers(cluster: Cluster, worker: Worker, user: str) -> None:
+    """A new turn with a tool call runs once, durably, and the clients that resume it while it streams
+    (`GET …/stream`, as a reloaded page does) read the whole reply live."""
+    fresh = str(uuid.uuid4())
+    posted = await post_turn(cluster, worker, user, fresh, [user_message(f"turn {fresh}")])
+    await until(lambda: cluster.count(fresh, "model:turn:0"), 30)
+    followed = await asyncio.wait_for(
+        asyncio.gather(*(resumed_stream(cluster, worker, user, fresh, timeout=30) for _ in range(2))), 60
+    )
+    status, chunks = await asyncio.wait_for(posted, 60)
+    assert status == 200 and chunks[-1]["type"] == "finish", chunks[-3:]
+    for follower in followed:
+        assert follower is not None and texts(follower) == texts(chunks), (follower, chunks)
+    run = cluster.run(fresh)
+    assert run is not None and run[1] == "completed"
+    assert cluster.count(fresh, "tool:start") == 1
+    await until(lambda: (found := cluster.workflow(fresh, run[0])) and found[0] == "SUCCESS", 30)
+
+
+def settled_workflow(cluster: Cluster, conversation: str) -> bool:
+    run = cluster.run(conversation)
+    found = cluster.workflow(conversation, run[0]) if run else None
+    return found is not None and found[0] in ("SUCCESS", "ERROR")
+
+
+def texts(chunks: list[dict[str, Any]]) -> str:
+    return "".join(chunk.get("delta", "") for chunk in chunks if chunk["type"] == "text-delta")
+
+
+async def test_the_assistant_delivers_its_hooks_again_after_a_postgres_restart(
+    restartable: MigratedDatabase, tmp_path: Path
+) -> None:
+    """The assistant in this process (uvicorn, DBOS, hook delivery): its hooks' listener reconnects, and a
+    turn after the restart reaches the chat tables through a hook delivery, without restarting it."""
+
+    def chats(conversation: str) -> int:
+        with psycopg.connect(served.config.database_url, autocommit=True) as conn:
+            row = conn.execute(
+                "select count(*) from bastion.ai_chats where conversation_id = %s", (conversation,)
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def hooks_listening() -> bool:
+        with psycopg.connect(served.config.database_url, autocommit=True) as conn:
+            row = conn.execute(
+                "select count(*) from pg_stat_activity where datname = current_database() and query = %s",
+                (f"listen {HOOKS_CHANNEL}",),
+            ).fetchone()
+        return bool(row and row[0])
+
+    async with serve_assistant(restartable.cluster, tmp_path) as served:
+        headers = await served.sign_in("ada")
+        before = str(uuid.uuid4())
+        assert (await chat(served, headers, before, [user_message("hello")])).status_code == 200
+        await until(lambda: chats(before), 30)
+        assert hooks_listening()
+
+        restartable.cluster.stop(mode="immediate")
+        restartable.cluster.start()
+        after = str(uuid.uuid4())
+        statuses = [(await chat(served, headers, after, [user_message("again")])).status_code]
+        while statuses[-1] == 503 and len(statuses) < 10:  # refused while the pool reconnects, at most
+            await asyncio.sleep(0.5)
+            statuses.append((await chat(served, headers, after, [user_message("again")])).status_code)
+        assert statuses[-1] == 200 and set(statuses[:-1]) <= {503}, statuses
+        await until(lambda: chats(after), 30)
+        await until(hooks_listening, 30)  # its listener reconnected

@@ -97,9 +97,15 @@ class DurableEngine:
     """
 
     def __init__(
-        self, *, executor_id: str, liveness: psycopg.AsyncConnection[Any], recovery_interval: float
+        self,
+        *,
+        executor_id: str,
+        conninfo: str,
+        liveness: psycopg.AsyncConnection[Any],
+        recovery_interval: float,
     ) -> None:
         self.executor_id: Final = executor_id
+        self._conninfo = conninfo
         self._liveness = liveness
         self._recovery_interval = recovery_interval
         self._janitor: asyncio.Task[None] | None = None
@@ -138,7 +144,9 @@ class DurableEngine:
         except BaseException:
             await liveness.close()
             raise
-        engine = cls(executor_id=executor, liveness=liveness, recovery_interval=recovery_interval)
+        engine = cls(
+            executor_id=executor, conninfo=conninfo, liveness=liveness, recovery_interval=recovery_interval
+        )
         engine._janitor = asyncio.get_running_loop().create_task(engine._recover_forever(application_name))
         return engine
 
@@ -188,15 +196,21 @@ class DurableEngine:
             await asyncio.sleep(self._recovery_interval)
 
     async def _reconnect(self) -> None:
-        """A broken liveness connection lost this process's lock: take it again (nobody else could have
-        recovered this executor's live work for long, as its workflows are fenced by DBOS)."""
+        """A broken liveness connection lost this process's lock (the database restarted or failed
+        over): connect again and take it back (nobody else could have recovered this executor's live
+        work for long, as its workflows are fenced by DBOS). A lock another process holds for now is
+        asked for again at the next pass."""
         if not self._liveness.closed:
             with contextlib.suppress(psycopg.Error):
                 await self._liveness.execute("select 1")
                 return
-        conninfo = self._liveness.info.dsn
-        self._liveness = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
-        await _try_lock(self._liveness, self.executor_id)
+        with contextlib.suppress(psycopg.Error):
+            await self._liveness.close()
+        # The engine's own conninfo: a closed connection's cannot be read, and would lack the password.
+        self._liveness = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+        if not await _try_lock(self._liveness, self.executor_id):
+            logger.warning("The liveness lock of %s is held elsewhere; asking again.", self.executor_id)
+            await self._liveness.close()
 
     def stop_recovering(self) -> None:
         """Stop looking for dead executors (a draining process takes no new work); other processes'

@@ -355,7 +355,14 @@ class ChunkLog:
                 self._segments.append(pending.pop())  # a new attempt's start waits for its chunks
             wrote = False
             for index, segment in enumerate(pending):
-                if not await self._write(segment.seq, segment.chunks, segment.reset, segment.encoded):
+                try:
+                    written = await self._write(segment.seq, segment.chunks, segment.reset, segment.encoded)
+                except BaseException:
+                    # Cancelled mid-write (`close` stops the writer while the database is slow to
+                    # answer): the next flush writes it again, or the log would have a gap.
+                    self._segments[:0] = pending[index:]
+                    raise
+                if not written:
                     self._segments[:0] = pending[index:]
                     return
                 wrote = True

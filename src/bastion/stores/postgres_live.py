@@ -66,8 +66,10 @@ class PostgresLiveTurns:
         flush_interval: float = 0.05,
         poll_seconds: float = 1.0,
         follower_limits: FollowerLimits = DEFAULT_FOLLOWER_LIMITS,
+        outage_seconds: float = 30.0,
     ) -> None:
         self._store = store
+        self._outage = outage_seconds
         self._conninfo = listen_conninfo
         self._flush_interval = flush_interval
         self._poll = poll_seconds
@@ -198,7 +200,25 @@ class PostgresLiveTurns:
         if ask:
             for log in self._logs.get(run_id, ()):
                 log.follow()
-        return await self._read(identity, run_id, after, follow=ask)
+        return await self._read_through_outage(identity, run_id, after, follow=ask)
+
+    async def _read_through_outage(
+        self, identity: StoreIdentity, run_id: str, after: int, *, follow: bool
+    ) -> tuple[bool, list[tuple[int, int, bool, list[dict[str, Any]]]]]:
+        """`_read`, tried again every `poll_seconds` while the database cannot be reached (a restart, a
+        failover) for up to `outage_seconds`: the turn followed rides the outage out, so its followers
+        do too rather than losing their stream."""
+        deadline: float | None = None
+        while True:
+            try:
+                return await self._read(identity, run_id, after, follow=follow)
+            except psycopg.OperationalError:
+                now = asyncio.get_running_loop().time()
+                deadline = now + self._outage if deadline is None else deadline
+                if now >= deadline:
+                    raise
+                logger.warning("Reading a followed stream failed; trying again.", exc_info=True)
+            await asyncio.sleep(self._poll)
 
     async def _read(
         self, identity: StoreIdentity, run_id: str, after: int, *, follow: bool
