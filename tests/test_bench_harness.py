@@ -371,7 +371,7 @@ async def test_the_turn_cost_breakdown_lists_statements_profiles_and_round_trips
     lines = await turn_costs.run(arguments)
     text = "\n".join(lines)
     assert re.search(r"turns/s [\d.]+; server CPU [\d.]+ ms/turn; Postgres CPU [\d.]+ ms/turn", text)
-    assert "`select bastion.append_chunks(" in text  # the stream log's writes, listed per statement
+    assert "`select bastion.close_turn(" in text  # the close, which carries the stream log, per statement
     assert re.search(r"\| log: ChunkLog.flush \| [\d.]+ \([\d.]+\) \|", text)
     assert re.search(r"^- bastion-chat-routes: [\d.]+$", text, re.MULTILINE)
 
