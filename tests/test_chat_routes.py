@@ -17,6 +17,7 @@ from bastion.auth import SupabaseEnv
 from bastion.chat.endpoint import chat_routes
 from bastion.chat.request import ChatRequest, EmptyMessageError
 from bastion.chat.turn import ChatTurn
+from bastion.errors import ToolError
 from bastion.stores import SqliteStore, StoreIdentity
 from bastion.worker import create_agent_worker
 from tests.scripted import Call, ScriptedModel
@@ -103,6 +104,28 @@ async def test_a_failing_context_factory_settles_the_run_and_frees_the_conversat
     assert "".join(c["delta"] for c in chunks_of(again) if c["type"] == "text-delta") == "Hello."
     runs = [event.type for event in await sqlite.list_events(IDENTITY, conversation)]
     assert runs == ["run.started", "run.failed", "run.started", "run.completed"]
+
+
+async def test_tools_that_cannot_be_opened_are_a_502_in_the_tool_sources_words(sqlite: SqliteStore) -> None:
+    project = Project()
+    model = ScriptedModel(["Hello."])
+
+    def tools(turn: ChatTurn) -> Any:
+        raise ToolError("The docs connection is unreachable.")
+
+    agent = define_agent(name="helper", instructions="Answer.", tools=tools)
+    app = create_agent_worker(
+        env=project.env, routes=chat_routes(agent=agent, store=sqlite, model=model, context=lambda turn: turn)
+    )
+    conversation = str(uuid.uuid4())
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://t") as http:
+        body = {"id": conversation, "messages": [user("hi")], "trigger": "submit-message"}
+        refused = await http.post("/api/chat", json=body, headers=project.headers())
+    assert refused.status_code == 502
+    assert refused.json() == {"code": "tools_unavailable", "message": "The docs connection is unreachable."}
+    assert model.calls == 0
+    runs = [event.type for event in await sqlite.list_events(IDENTITY, conversation)]
+    assert runs == ["run.started", "run.failed"]
 
 
 @pytest.mark.parametrize(

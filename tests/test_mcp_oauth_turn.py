@@ -9,7 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx2
 import pytest
@@ -19,7 +19,6 @@ from bastion import AgentTools, define_agent
 from bastion.auth import SupabaseEnv
 from bastion.chat.endpoint import chat_routes
 from bastion.chat.turn import ChatTurn
-from bastion.errors import BastionError
 from bastion.mcp import McpConnectionDefinition, McpConnectionError, McpTransport
 from bastion.mcp.oauth import McpOAuth, McpOAuthConnection
 from bastion.mcp.oauth_routes import oauth_connection_routes
@@ -74,11 +73,6 @@ class Chat:
         )
 
 
-class NeedsAuthorizationError(BastionError):
-    code: ClassVar[str] = "authorization_required"
-    status: ClassVar[int] = 403
-
-
 def _user(text: str) -> dict[str, Any]:
     return {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": text}]}
 
@@ -121,12 +115,10 @@ async def _chat(
     )
 
     async def tools(turn: ChatTurn) -> AgentTools:
-        try:
-            connections = await create_mcp_connections_with_sign_in(
-                [definition], context=turn.principal, oauth=oauth, conversation_id=turn.conversation_id
-            )
-        except McpConnectionError as error:  # as the assistant does: the client is told in words
-            raise NeedsAuthorizationError(str(error)) from None
+        # An McpConnectionError raised here reaches the client as 403 `authorization_required`.
+        connections = await create_mcp_connections_with_sign_in(
+            [definition], context=turn.principal, oauth=oauth, conversation_id=turn.conversation_id
+        )
         return AgentTools(tools=connections.tools, close=connections.close)
 
     agent = define_agent(name="docs", instructions="Help with the documents.", tools=tools)

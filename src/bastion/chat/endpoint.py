@@ -37,6 +37,7 @@ from bastion.chat.stream_response import (
     StreamStatus,
     create_agent_stream_response,
 )
+from bastion.chat.tool_errors import tools_refusal
 from bastion.chat.turn import ChatTurn, DurableTurnHooks
 from bastion.drain import Drain
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
@@ -227,11 +228,14 @@ class ChatEndpoint(Generic[ContextT]):
                 messages=run.messages,
                 steps=durable.steps if durable is not None else None,
             )
-        except BaseException:
+        except BaseException as error:
             held.close()
             if session is not None:
                 await session.close()
             await run.finish(status="failed")
+            refusal = tools_refusal(error)
+            if refusal is not None:
+                raise refusal from error
             raise
         opened = session
 
