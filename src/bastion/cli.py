@@ -184,10 +184,7 @@ async def _hooks(
         _progress(str(error))
         return 2
     except (psycopg.Error, SQLAlchemyError) as error:
-        # The operator's own database: its message is theirs to read (its first line, no traceback).
-        said = (str(error).strip().splitlines() or [""])[0]
-        _progress(f"hooks {action} could not finish; the database said {type(error).__name__}: {said}")
-        return 1
+        return _could_not_finish(f"hooks {action}", error)
     finally:
         database.close()
     print("\n".join(lines))
@@ -230,9 +227,7 @@ async def _memory_failures(config: AssistantConfig) -> int:
         ) as pool:
             failed = await failed_extractions(pool)
     except psycopg.Error as error:
-        said = (str(error).strip().splitlines() or [""])[0]
-        _progress(f"memory failures could not finish; the database said {type(error).__name__}: {said}")
-        return 1
+        return _could_not_finish("memory failures", error)
     finally:
         database.close()
     if not failed:
@@ -277,13 +272,18 @@ async def _mcp(
                 _progress(f"tool_change_not_found: no open change {change} for {application}.")
                 return 2
     except psycopg.Error as error:
-        said = (str(error).strip().splitlines() or [""])[0]
-        _progress(f"mcp {action} could not finish; the database said {type(error).__name__}: {said}")
-        return 1
+        return _could_not_finish(f"mcp {action}", error)
     finally:
         database.close()
     _progress(f"change {change} {'approved' if action == 'approve' else 'refused'}.")
     return 0
+
+
+def _could_not_finish(command: str, error: Exception) -> int:
+    """The operator's own database refused: its message is theirs to read (its first line, no traceback)."""
+    said = (str(error).strip().splitlines() or [""])[0]
+    _progress(f"{command} could not finish; the database said {type(error).__name__}: {said}")
+    return 1
 
 
 def _token(config: AssistantConfig, user: str) -> int:
