@@ -47,6 +47,38 @@ begin
 end
 $$;
 
+-- Lock the conversation's run `p_run` (`for no key update`), fence it by the process running it when
+-- `p_worker` is given (else the write is not a durable turn's), then store what the write carries: a
+-- durable turn's checkpoints `p_steps` and the log batches `p_chunks`. The run, or a row of nulls when
+-- there is none. Internal: callers have locked the caller's conversation.
+create function bastion.write_locked_run(
+  p_conversation uuid, p_run uuid, p_worker bigint, p_steps jsonb, p_chunks jsonb
+) returns bastion.runs
+  language plpgsql
+  set search_path = ''
+  as $$
+declare
+  v_run bastion.runs;
+  v_found boolean;
+begin
+  select * into v_run from bastion.runs r
+   where r.id = p_run and r.conversation_id = p_conversation
+   for no key update;
+  v_found := found;
+  if p_worker is not null
+     and (not v_found or v_run.status <> 'running' or v_run.worker_key is distinct from p_worker) then
+    raise exception 'the run is no longer run by this process' using errcode = 'BS410';
+  end if;
+  if v_found then
+    if p_worker is not null then
+      perform bastion.put_run_steps(v_run, p_steps);
+    end if;
+    perform bastion.put_run_chunks(v_run, p_chunks);
+  end if;
+  return v_run;
+end
+$$;
+
 -- `claim_tool` (0006), with the run's log batches, and for a durable turn (`p_worker`) fenced by the
 -- process running the run and storing its checkpoints `p_steps`.
 create function bastion.claim_tool(
@@ -90,20 +122,8 @@ begin
     end if;
     raise exception 'conversation not found' using errcode = 'BS404';
   end if;
-  select * into v_run from bastion.runs r
-   where r.id = p_run and r.conversation_id = p_conversation
-   for no key update;
-  v_found := found;
-  if p_worker is not null
-     and (not v_found or v_run.status <> 'running' or v_run.worker_key is distinct from p_worker) then
-    raise exception 'the run is no longer run by this process' using errcode = 'BS410';
-  end if;
-  if v_found then
-    if p_worker is not null then
-      perform bastion.put_run_steps(v_run, p_steps);
-    end if;
-    perform bastion.put_run_chunks(v_run, p_chunks);
-  end if;
+  v_run := bastion.write_locked_run(p_conversation, p_run, p_worker, p_steps, p_chunks);
+  v_found := v_run.id is not null;
   if not v_found or v_run.status <> 'running' or v_conversation.active_run_id is distinct from p_run then
     raise exception 'the run is no longer active' using errcode = 'BS410';
   end if;
@@ -187,20 +207,8 @@ begin
     end if;
     return jsonb_build_object('saved', false, 'stop', false);
   end if;
-  select * into v_run from bastion.runs r
-   where r.id = p_run and r.conversation_id = p_conversation
-   for no key update;
-  v_found := found;
-  if p_worker is not null
-     and (not v_found or v_run.status <> 'running' or v_run.worker_key is distinct from p_worker) then
-    raise exception 'the run is no longer run by this process' using errcode = 'BS410';
-  end if;
-  if v_found then
-    if p_worker is not null then
-      perform bastion.put_run_steps(v_run, p_steps);
-    end if;
-    perform bastion.put_run_chunks(v_run, p_chunks);
-  end if;
+  v_run := bastion.write_locked_run(p_conversation, p_run, p_worker, p_steps, p_chunks);
+  v_found := v_run.id is not null;
   perform bastion.record_tool_results(p_conversation, p_run, v_user, v_conversation.tenant_id, p_tool_results);
   if not v_found or v_run.status <> 'running' or v_conversation.active_run_id is distinct from p_run then
     return jsonb_build_object('saved', false, 'stop', coalesce(v_run.stop_requested_at is not null, false));
@@ -247,6 +255,7 @@ $$;
 
 revoke execute on function
   bastion.put_run_chunks(bastion.runs, jsonb),
+  bastion.write_locked_run(uuid, uuid, bigint, jsonb, jsonb),
   bastion.claim_tool(
     uuid, uuid, text, text, text, jsonb, boolean, double precision, jsonb, bigint, jsonb, jsonb
   ),
