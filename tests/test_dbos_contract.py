@@ -2,6 +2,7 @@
 
 bastion pins DBOS to a minor release (`dbos>=3.4.0,<3.5`): it calls one internal function
 (`DBOS._recover_pending_workflows`), reads one internal flag (`_launched` on the global instance),
+sets the stop event of DBOS's queue thread to stop dequeuing while the rest runs (`stop_dequeuing`),
 reads DBOS's system tables in its own SQL and calls DBOS's enqueue function from SQL. Upgrade DBOS on
 purpose: raise the pin, run this file, and where a test fails, change the code it names.
 
@@ -20,6 +21,7 @@ launching loop by `test_a_dequeued_workflow_runs_on_the_loop_that_launched_the_e
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import uuid
 from collections.abc import Callable
@@ -34,6 +36,7 @@ from dbos._dbos_config import DBOSConfig
 from dbos._sys_db import WorkflowStatusString
 
 from bastion.durable import DURABLE_APPLICATION_VERSION, DURABLE_SCHEMA, DurableEngine, system_database_url
+from bastion.durable.engine import stop_dequeuing
 from bastion.inbox import replies
 from tests import durable_workflows
 from tests.conftest import MigratedDatabase
@@ -334,3 +337,26 @@ async def test_the_client_lists_a_finished_workflow_by_prefix_and_completion_tim
         assert await finished(datetime.now(UTC) + timedelta(hours=1)) == [], "delete_workflows kept it."
     finally:
         client.destroy()
+
+
+async def test_stopping_the_queue_thread_stops_dequeuing_and_nothing_else(
+    durable_engine: DurableEngine,
+) -> None:
+    """`stop_dequeuing` (a draining process) finds DBOS's queue thread by its target and sets the event
+    it was started with: a job enqueued then stays ENQUEUED, while a workflow started directly still
+    runs and the engine still closes. Its behaviour across processes: tests/test_drain_jobs.py."""
+    name = f"contract-{uuid.uuid4().hex[:8]}"
+    await durable_engine.register_queue(name)
+    before = await DBOS.enqueue_workflow_async(name, durable_workflows.which_loop)
+    assert await asyncio.wait_for(before.get_result(), 30) == id(asyncio.get_running_loop())
+
+    assert stop_dequeuing(), (
+        "DBOS's queue thread (target dbos._queue.queue_thread) is gone or takes no event."
+    )
+    after = await DBOS.enqueue_workflow_async(name, durable_workflows.which_loop)
+    await asyncio.sleep(1.0)  # ten polls of the queue
+    status = (await after.get_status()).status
+    assert status == "ENQUEUED", f"a job enqueued after the stop is {status}."
+
+    direct = await DBOS.start_workflow_async(durable_workflows.which_loop)
+    assert await asyncio.wait_for(direct.get_result(), 30) == id(asyncio.get_running_loop())
