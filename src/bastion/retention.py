@@ -13,7 +13,10 @@ each period prunes once, in whichever process dequeues it. A run deletes, each p
   the hooks' finished delivery workflows;
 - memory's expired operation records (each lives its store's `operation_ttl`).
 
-A running turn's log, an undelivered event and an unexpired recall are never touched. The operators'
+A running turn's log, an undelivered event and an unexpired recall are never touched. Import this module
+before launching the engine and start `Retention` in every process that launches it, as any process may
+dequeue a run: a run dequeued (or recovered from a dead worker) before its process started `Retention`
+waits for it, up to `READY_WAIT_SECONDS`, then fails (logged as an error, DBOS's `ERROR`). The operators'
 commands (`bastion hooks prune`, `prune_finished_turns`, `prune_outbox`) stay for pruning at once.
 """
 
@@ -22,12 +25,12 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from dbos import DBOS
 
 from bastion.chat.durable_turns import prune_finished_turns
-from bastion.durable._ready import registered
+from bastion.durable._ready import REGISTRATION_WAIT_SECONDS, registered
 from bastion.durable.engine import prune_finished_workflows
 from bastion.hooks import PostgresHookOutbox, Pruned, prune_deliveries, prune_outbox
 from bastion.inbox.replies import REPLY_WORKFLOW
@@ -38,11 +41,13 @@ if TYPE_CHECKING:
     from bastion.memory import PostgresMemoryStore
     from bastion.stores import PostgresStore
 
-__all__ = ["Retention", "RetentionPolicy", "RetentionReport"]
+__all__ = ["Retention", "RetentionNotStarted", "RetentionPolicy", "RetentionReport"]
 
 logger = logging.getLogger("bastion.retention")
 
 SCHEDULE_NAME: Final = "bastion.retention"
+READY_WAIT_SECONDS: float = REGISTRATION_WAIT_SECONDS
+"""How long a scheduled run waits for its process's `Retention` to start before it fails."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,11 +156,24 @@ class Retention:
 _running: Retention | None = None
 
 
+class RetentionNotStarted(RuntimeError):
+    """A scheduled run was handed to a process that started no `Retention` in time: it ends in ERROR
+    (the next period's run, in any process, prunes what this one would have)."""
+
+    code: ClassVar[str] = "retention_not_started"
+
+
 @DBOS.workflow(name=SCHEDULE_NAME)
 async def _scheduled_retention(scheduled_at: datetime, context: Any) -> None:
-    if await registered(lambda: _running) is None:
-        logger.warning("Retention of %s skipped: this process runs no retention.", scheduled_at)
-        return
+    # A run recovered or dequeued while this process starts up waits for its Retention (bounded).
+    if await registered(lambda: _running, timeout=READY_WAIT_SECONDS) is None:
+        logger.error(
+            "Retention of %s failed: no Retention was started in this process within %g s. Start it"
+            " (Retention.start) in every process that launches the durable engine.",
+            scheduled_at,
+            READY_WAIT_SECONDS,
+        )
+        raise RetentionNotStarted(f"No Retention was started in this process for the run of {scheduled_at}.")
     report = await _run_step()
     logger.info("Retention of %s: %s", scheduled_at, report)
 
