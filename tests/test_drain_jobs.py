@@ -1,6 +1,7 @@
 """A worker told to stop (SIGTERM) takes no queued job while it drains: a job enqueued after the signal
 waits for another worker, and the one the draining worker's own turn enqueues as it ends is run there
-too, while that turn still finishes where it runs.
+too, while that turn still finishes where it runs. The assistant's drain stops its engine's queues and
+its hook dispatcher even with durable turns off.
 
 Real worker processes (`tests.durable_chat_worker` with memory's extraction as a durable job, the
 queued job these tests enqueue) on a database with bastion's, memory's and DBOS's migrations.
@@ -12,18 +13,23 @@ import asyncio
 import json
 import signal
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
+from dbos import DBOS
 
 from bastion.durable import DURABLE_APPLICATION_VERSION, migrate_durable
 from bastion.memory import ExtractionJob, apply_memory_migrations
 from bastion.memory.extraction_jobs import EXTRACTION_QUEUE, EXTRACTION_WORKFLOW, extraction_job_input
 from bastion.stores import StoreIdentity, apply_migrations
+from tests import durable_workflows
 from tests.conftest import MigratedDatabase
 from tests.durable_cluster import Cluster, cluster_of, post_turn, until, user_message
 from tests.pg import PostgresCluster
+from tests.test_assistant import serve_assistant
 from tests.test_drain import until_drained
+from tests.test_hooks_delivery import simple_turns
 
 DELAY = 0.3  # seconds per streamed delta: a turn takes about 7 s, an extraction 6 s
 MEMORY = {"BASTION_TEST_MEMORY": "1"}
@@ -128,3 +134,35 @@ async def test_a_draining_worker_leaves_queued_jobs_to_another_worker(
             ("extract:start", staying.executor),
             ("extract:done", staying.executor),
         ]
+
+
+def hooks_behind(database_url: str) -> bool:
+    """Whether some hook's position has not passed every event of the outbox."""
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            "select count(*) from bastion.hook_subscriptions s join bastion.hook_events e"
+            " on (e.tx, e.id) > (s.position_tx, s.position_id)"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+async def test_the_assistant_draining_without_durable_turns_takes_no_job_and_starts_no_hook_batch(
+    pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    """`bastion serve`'s wiring: its engine and hook delivery stop with the drain, not only when its chat
+    turns are durable (here they are not, so the chat endpoint has no engine to stop)."""
+    async with serve_assistant(pg_cluster, tmp_path) as served:
+        assert served.config.hooks and not served.config.durable
+        queue = f"drain-{uuid.uuid4().hex[:8]}"
+        await DBOS.register_queue_async(queue, polling_interval_sec=0.1)
+        before = await DBOS.enqueue_workflow_async(queue, durable_workflows.which_loop)
+        await asyncio.wait_for(before.get_result(), 30)
+        await simple_turns(served.app.store, 1)
+        await until(lambda: not hooks_behind(served.config.database_url), 20)
+
+        served.app.drain.start()  # what SIGTERM does
+        after = await DBOS.enqueue_workflow_async(queue, durable_workflows.which_loop)
+        await simple_turns(served.app.store, 1)
+        await asyncio.sleep(1.5)  # fifteen polls of the queue, and of the outbox
+        assert (await after.get_status()).status == "ENQUEUED"
+        assert hooks_behind(served.config.database_url)
