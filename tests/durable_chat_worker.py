@@ -18,8 +18,9 @@ migrations): a turn whose text is `fact <id>` (or `turn <id>`) keeps one fact, s
 `extract:start` and `extract:done` around the wait, so a test can kill the worker with the job in
 flight.
 
-`BASTION_TEST_RETENTION=1` starts retention (`bastion.retention`, no hooks) once the routes are built,
-keeping finished turns an hour, on a schedule that never fires during a test: the test triggers it.
+`BASTION_TEST_RETENTION=1` starts retention (`bastion.retention`, no hooks, imported only then) once the
+routes are built, keeping finished turns an hour, on a schedule that never fires during a test: the test
+triggers it.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from bastion.drain import Drain
 from bastion.draining_server import DrainingServer
 from bastion.durable import DurableEngine
 from bastion.memory import AgentMemory, HashingEmbedder, PostgresMemoryStore, define_memory
-from bastion.retention import Retention, RetentionPolicy  # declares its workflow before DBOS launches
 from bastion.stores import PostgresStore
 from bastion.stores.postgres import PostgresAgentPersistence
 from bastion.worker import create_agent_worker
@@ -179,6 +179,9 @@ async def durable_memory(store: PostgresStore, engine: DurableEngine) -> AgentMe
 
 
 async def start_retention(store: PostgresStore, engine: DurableEngine, dsn: str) -> None:
+    # Imported only now, long after the engine launched: its run's workflow is declared with the engine.
+    from bastion.retention import Retention, RetentionPolicy
+
     policy = RetentionPolicy(finished_turns=timedelta(hours=1), schedule="0 0 0 1 1 *")
     await Retention(store, conninfo=dsn, policy=policy, hooks=False).start(engine)
 

@@ -13,8 +13,7 @@ import psycopg
 import pytest
 from dbos import DBOS
 
-from bastion import retention as retention_module
-from bastion.durable import DurableEngine
+from bastion.durable import DurableEngine, retention_workflow
 from bastion.retention import SCHEDULE_NAME, Retention, RetentionNotStarted, RetentionPolicy
 from bastion.stores import PostgresStore
 from tests.conftest import MigratedDatabase
@@ -117,7 +116,7 @@ async def test_a_run_in_a_process_that_never_starts_retention_waits_then_ends_in
     """Visible, not skipped: the run waits for the process's Retention (here half a second), then logs
     an error and ends in DBOS's ERROR. The wait that lets a run recovered early succeed:
     tests/test_retention_crash.py."""
-    monkeypatch.setattr(retention_module, "READY_WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(retention_workflow, "READY_WAIT_SECONDS", 0.5)
     async with await PostgresStore.open(migrated_database.app_dsn, max_size=2) as store:
         retention = Retention(store, conninfo=migrated_database.app_dsn, hooks=False)
         await retention.start(durable_engine)
