@@ -39,6 +39,7 @@ from bastion.chat.stream_response import (
 )
 from bastion.chat.tool_errors import tools_refusal
 from bastion.chat.turn import ChatTurn, DurableTurnHooks
+from bastion.chat.turn_lifecycle import TurnLifecycle
 from bastion.drain import Drain
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
@@ -200,9 +201,9 @@ class ChatEndpoint(Generic[ContextT]):
         A failure before the stream settles the run as failed. `durable` is what a durable turn
         adds (`bastion.durable`): its model steps, its tool hook, its message id and its runner.
         """
-        session = None
         held = contextlib.ExitStack()
         held.callback(self.drain.hold().release)
+        lifecycle = TurnLifecycle(run, release=held.close)
         stop: asyncio.Event | None = None
         log: ChunkLog | None = None
         try:
@@ -220,36 +221,30 @@ class ChatEndpoint(Generic[ContextT]):
             if durable is not None:
                 durable.attach(log)
             # A closed tab does not stop the run: the reply is finished and saved for the next visit.
-            agent_context = await _resolved(self.context(turn))
-            execute_tool = run.execute_tool if durable is None else durable.execute_tool(run.execute_tool)
-            session = await self.agent.prepare(context=agent_context, cancel=stop, execute_tool=execute_tool)
-            result = await session.stream(
+            result = await lifecycle.open(
+                self.agent,
+                context=lambda: _resolved(self.context(turn)),
                 model=self.model,
                 messages=run.messages,
+                cancel=stop,
+                execute_tool=run.execute_tool if durable is None else durable.execute_tool(run.execute_tool),
                 steps=durable.steps if durable is not None else None,
             )
         except BaseException as error:
-            held.close()
-            if session is not None:
-                await session.close()
-            await run.finish(status="failed")
+            await lifecycle.settle(status="failed")
             refusal = tools_refusal(error)
             if refusal is not None:
                 raise refusal from error
             raise
-        opened = session
 
         async def on_finish(*, response_message: dict[str, Any], status: StreamStatus) -> None:
-            await run.finish(response_message=response_message, status=status)
+            await lifecycle.finish(response_message=response_message, status=status)
             if status == "completed":
-                await self._after_turn(turn, _ended_with(run.messages, response_message), agent_context)
+                messages = _ended_with(run.messages, response_message)
+                await self._after_turn(turn, messages, lifecycle.context)
 
         async def on_settled(*, status: StreamStatus) -> None:
-            try:
-                await run.finish(status=status)
-            finally:
-                held.close()
-                await opened.close()
+            await lifecycle.settle(status=status)
 
         return create_agent_stream_response(
             result,

@@ -17,15 +17,15 @@ import secrets
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias, TypeVar, overload
+from typing import Any, Final, TypeAlias, TypeVar, overload
 
 from pydantic_ai.models import KnownModelName, Model
 from pydantic_ai.settings import ModelSettings
 
-from bastion._assembled_turn import stream_into
 from bastion._ui_assembly import UIMessageAssembler
 from bastion._ui_chunks import UIMessage
 from bastion.agent import Agent
+from bastion.chat.turn_lifecycle import TurnLifecycle
 from bastion.persistence import RunStatus, start_agent_run
 from bastion.stores.entities import StoreIdentity, TurnContext, title_from_text
 from bastion.stores.errors import NotFoundError
@@ -192,27 +192,28 @@ async def run_agent(
     run_context = AgentRunContext(
         identity=identity, conversation_id=conversation_id, store=store, model=model
     )
-    assembler = UIMessageAssembler({"id": secrets.token_hex(8), "role": "assistant", "parts": []})
-    try:
-        result = await stream_into(
-            assembler,
-            agent,
-            context=context(run_context) if context is not None else run_context,
-            model=model,
-            messages=run.messages,
-            execute_tool=run.execute_tool,
-            model_settings=model_settings,
-        )
-    except BaseException:
-        partial = assembler.assembled_message()
-        await run.finish(response_message=partial if partial["parts"] else None, status="failed")
-        raise
-    status: Literal["completed", "cancelled"] = "cancelled" if result.cancelled else "completed"
-    reply = assembler.assembled_message()
-    await run.finish(response_message=reply, status=status)
-    return AgentRunResult(
-        conversation_id=conversation_id, status=status, message=reply, finish_reason=result.finish_reason
+    lifecycle = TurnLifecycle(run)
+    result = await lifecycle.open(
+        agent,
+        context=lambda: _built(context, run_context),
+        model=model,
+        messages=run.messages,
+        execute_tool=run.execute_tool,
+        model_settings=model_settings,
     )
+    assembler = UIMessageAssembler({"id": secrets.token_hex(8), "role": "assistant", "parts": []})
+    reply = await lifecycle.collect(result, assembler)
+    return AgentRunResult(
+        conversation_id=conversation_id,
+        status=reply.status,
+        message=reply.message,
+        finish_reason=reply.finish_reason,
+    )
+
+
+async def _built(context: Callable[[AgentRunContext], Any] | None, run_context: AgentRunContext) -> Any:
+    """The tools' context: what the application's factory builds from `run_context`, else itself."""
+    return context(run_context) if context is not None else run_context
 
 
 def _title(message: str) -> str | None:

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic_ai.models import KnownModelName, Model
 
-from bastion._assembled_turn import stream_into
 from bastion._ui_assembly import UIMessageAssembler
 from bastion.agent import Agent
 from bastion.auth import Principal
+from bastion.chat.turn_lifecycle import TurnLifecycle
 from bastion.errors import ToolError
 from bastion.inbox.principal import ContactPrincipal
 from bastion.policies import ToolPolicy
@@ -107,9 +107,14 @@ async def answer_as_contact(
     history: Sequence[dict[str, Any]],
 ) -> str:
     """Run one turn of `agent` for the contact over `history`; the reply's text (may be empty)."""
+    lifecycle = TurnLifecycle(None)  # a contact's turn stores no run: the job posts its reply
+    result = await lifecycle.open(agent, context=lambda: _ready(turn), model=model, messages=history)
     assembler = UIMessageAssembler({"id": secrets.token_hex(8), "role": "assistant", "parts": []})
-    await stream_into(assembler, agent, context=turn, model=model, messages=history)
-    message = assembler.assembled_message()
+    message = (await lifecycle.collect(result, assembler)).message
     return "".join(
         part.get("text", "") for part in message.get("parts", []) if part.get("type") == "text"
     ).strip()
+
+
+async def _ready(turn: InboxTurn) -> InboxTurn:
+    return turn
