@@ -19,6 +19,7 @@ from bastion.chat.conversations import (
 from bastion.chat.endpoint import (
     AfterTurn,
     ChatEndpoint,
+    ChatOptions,
     ChatStore,
     ContextFactory,
     LiveTurnStore,
@@ -55,6 +56,7 @@ __all__ = [
     "AgentRunResult",
     "AgentStreamResponse",
     "ChatEndpoint",
+    "ChatOptions",
     "ChatRequest",
     "ChatStore",
     "ChatTurn",

@@ -20,7 +20,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Final, Generic, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, Generic, TypeAlias, TypedDict, TypeVar, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_ai.models import KnownModelName, Model
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AfterTurn",
     "ChatEndpoint",
+    "ChatOptions",
     "ChatStore",
     "ContextFactory",
     "LiveTurnStore",
@@ -102,6 +103,43 @@ class ResumeQuery(BaseModel):
     ] = None
 
 
+class ChatOptions(TypedDict, Generic[ContextT], total=False):
+    """The chat route's optional settings, taken by `chat_routes` and `ChatEndpoint` alike.
+
+    - `persistence`: how turns are stored; default `store.persistence(history_window=...)`
+      (`history_window`, default 100: how many stored messages a turn reads).
+    - `path` (default `/api/chat`): where the route is served.
+    - `create_conversations` (default True): a conversation's first message creates it for the caller.
+    - `on_error(exc)`: the text a client sees for a failed turn.
+    - `stop_wait_seconds` (default 10): how long a stop waits for the turn to settle (stores with live
+      turns, such as `PostgresStore`, add the stop and resume routes).
+    - `usage_metadata` (default False): the `finish` chunk's `messageMetadata` (and so the stored
+      message's `metadata`) carries the turn's token usage (see `create_agent_stream_response`).
+    - `durable` (a launched `bastion.durable.DurableEngine`, Postgres store only): every turn runs as
+      a durable workflow: when its process dies, a live one takes it over and finishes it from its
+      last completed model request (`durable_name` names the endpoint across processes; default from
+      the agent's name and the path). See `bastion.chat.durable_turns`.
+    - `drain` (a `bastion.drain.Drain`, shared with the process's other endpoints and its `GET /ready`):
+      counts the turns and, once started, refuses new ones with 503 `draining`, for a worker that stops
+      without cutting replies short (`bastion.draining_server`).
+    - `after_turn(turn, messages, context)`: runs once a turn completed and was saved, before the turn
+      settles (a durable turn's workflow still covers it), in the process that finished the turn; it
+      never fails the turn. `AgentMemory.after_chat_turn` queues the turn's memory extraction there.
+    """
+
+    persistence: AgentPersistence[TurnContext, TurnState] | None
+    history_window: int
+    path: str
+    create_conversations: bool
+    on_error: Callable[[Exception], str] | None
+    stop_wait_seconds: float
+    usage_metadata: bool
+    durable: DurableEngine | None
+    durable_name: str | None
+    drain: Drain | None
+    after_turn: AfterTurn[ContextT] | None
+
+
 class ChatEndpoint(Generic[ContextT]):
     """The chat route of one agent over one store; `routes()` lists what it serves."""
 
@@ -112,37 +150,30 @@ class ChatEndpoint(Generic[ContextT]):
         store: ChatStore,
         model: ModelChoice,
         context: ContextFactory[ContextT],
-        persistence: AgentPersistence[TurnContext, TurnState] | None = None,
-        history_window: int = 100,
-        path: str = "/api/chat",
-        create_conversations: bool = True,
-        on_error: Callable[[Exception], str] | None = None,
-        stop_wait_seconds: float = 10.0,
-        usage_metadata: bool = False,
-        durable: DurableEngine | None = None,
-        durable_name: str | None = None,
-        drain: Drain | None = None,
-        after_turn: AfterTurn[ContextT] | None = None,
+        **options: Unpack[ChatOptions[ContextT]],
     ) -> None:
         self.agent = agent
         self.store = store
         self.model = model
         self.context = context
-        self.persistence = persistence or store.persistence(history_window=history_window)
-        self.path = path.rstrip("/") or "/"
-        self.create_conversations = create_conversations
-        self.on_error = on_error
-        self.stop_wait_seconds = stop_wait_seconds
-        self.usage_metadata = usage_metadata
+        persistence = options.get("persistence")
+        self.persistence = persistence or store.persistence(history_window=options.get("history_window", 100))
+        self.path = options.get("path", "/api/chat").rstrip("/") or "/"
+        self.create_conversations = options.get("create_conversations", True)
+        self.on_error = options.get("on_error")
+        self.stop_wait_seconds = options.get("stop_wait_seconds", 10.0)
+        self.usage_metadata = options.get("usage_metadata", False)
         # Counts this endpoint's turns and refuses new ones once the process is stopping.
+        drain = options.get("drain")
         self.drain = drain if drain is not None else Drain()
-        self.after_turn = after_turn
+        self.after_turn = options.get("after_turn")
         self.live: LiveTurns | None = store.live_turns() if isinstance(store, LiveTurnStore) else None
         self.durable: DurableTurns | None = None
+        durable = options.get("durable")
         if durable is not None:
             from bastion.chat.durable_turns import DurableTurns
 
-            self.durable = DurableTurns(self, durable, name=durable_name)
+            self.durable = DurableTurns(self, durable, name=options.get("durable_name"))
             self.drain.on_start(durable.stop_recovering)
 
     def routes(self) -> list[Route]:
@@ -398,58 +429,15 @@ def chat_routes(
     store: ChatStore,
     model: ModelChoice,
     context: ContextFactory[ContextT],
-    persistence: AgentPersistence[TurnContext, TurnState] | None = None,
-    history_window: int = 100,
-    path: str = "/api/chat",
-    create_conversations: bool = True,
-    on_error: Callable[[Exception], str] | None = None,
-    stop_wait_seconds: float = 10.0,
-    usage_metadata: bool = False,
-    durable: DurableEngine | None = None,
-    durable_name: str | None = None,
-    drain: Drain | None = None,
-    after_turn: AfterTurn[ContextT] | None = None,
+    **options: Unpack[ChatOptions[ContextT]],
 ) -> list[Route]:
     """The chat routes of `agent` over `store`, for `create_agent_worker(routes=...)`.
 
-    `context(turn)` builds the agent's trusted context for each turn (it may be async).
-    `persistence` defaults to `store.persistence(history_window=...)`. With `create_conversations`
-    a conversation's first message creates it for the caller. `on_error(exc)` gives the text a
-    client sees for a failed turn. A store with live turns (`PostgresStore`) adds the stop and
-    resume routes; a stop waits up to `stop_wait_seconds` for the turn to settle. With
-    `usage_metadata` the `finish` chunk's `messageMetadata` (and so the stored message's `metadata`)
-    carries the turn's token usage (see `create_agent_stream_response`).
-
-    `durable` (a launched `bastion.durable.DurableEngine`, Postgres store only) runs every turn as
-    a durable workflow: when its process dies, a live one takes it over and finishes it from its
-    last completed model request (`durable_name` names the endpoint across processes; default
-    from the agent's name and the path). See `bastion.chat.durable_turns`.
-
-    `drain` (a `bastion.drain.Drain`, shared with the process's other endpoints and its `GET /ready`)
-    counts the turns and, once started, refuses new ones with 503 `draining`, for a worker that stops
-    without cutting replies short (`bastion.draining_server`).
-
-    `after_turn(turn, messages, context)` runs once a turn completed and was saved, before the turn
-    settles (a durable turn's workflow still covers it), in the process that finished the turn; it
-    never fails the turn. `AgentMemory.after_chat_turn` queues the turn's memory extraction there.
+    `context(turn)` builds the agent's trusted context for each turn (it may be async). The optional
+    settings (persistence, path, stop and resume, durable turns, drain, `after_turn`…) are
+    `ChatOptions`, the same as `ChatEndpoint`'s.
     """
-    return ChatEndpoint(
-        agent=agent,
-        store=store,
-        model=model,
-        context=context,
-        persistence=persistence,
-        history_window=history_window,
-        path=path,
-        create_conversations=create_conversations,
-        on_error=on_error,
-        stop_wait_seconds=stop_wait_seconds,
-        usage_metadata=usage_metadata,
-        durable=durable,
-        durable_name=durable_name,
-        drain=drain,
-        after_turn=after_turn,
-    ).routes()
+    return ChatEndpoint(agent=agent, store=store, model=model, context=context, **options).routes()
 
 
 def _ended_with(messages: list[dict[str, Any]], response: dict[str, Any]) -> list[dict[str, Any]]:
