@@ -299,9 +299,7 @@ class ChatEndpoint(Generic[ContextT]):
         The turn settles as cancelled with what it streamed so far. Answers 200 once it settled, 202
         when it was asked but has not settled within `stop_wait_seconds`, 204 when none was running.
         """
-        live = self._live()
-        identity = StoreIdentity.from_principal(context.require_principal())
-        conversation_id = _conversation_id(context)
+        live, identity, conversation_id = self._live_conversation(context)
         run_id = await live.request_stop(identity, conversation_id)
         if run_id is None:
             return Response(status_code=204)
@@ -328,9 +326,7 @@ class ChatEndpoint(Generic[ContextT]):
         taken-over turn re-runs with `reset-step`; otherwise the response closes and the client resumes.
         A user (or a turn) with as many followers as the store allows gets 429 `too_many_followers`
         with `Retry-After`."""
-        live = self._live()
-        identity = StoreIdentity.from_principal(context.require_principal())
-        conversation_id = _conversation_id(context)
+        live, identity, conversation_id = self._live_conversation(context)
         current = await live.live_run(identity, conversation_id)
         if current is None:
             return Response(status_code=204)
@@ -361,10 +357,11 @@ class ChatEndpoint(Generic[ContextT]):
         except Exception:
             logger.exception("after_turn failed for run %s; the turn is saved.", turn.run_id)
 
-    def _live(self) -> LiveTurns:
+    def _live_conversation(self, context: RequestContext) -> tuple[LiveTurns, StoreIdentity, str]:
+        """The live turns, the caller and the conversation a stop or a resume names (404 without them)."""
         if self.live is None:
             raise NotFoundError()
-        return self.live
+        return self.live, StoreIdentity.from_principal(context.require_principal()), _conversation_id(context)
 
     async def _start_turn(self, turn: TurnContext, body: ChatRequest) -> AgentRun[Any, Any]:
         """Claim the turn. A conversation's first message (the AI SDK client sends one message then)
