@@ -34,7 +34,7 @@ from bastion.chat.headless_turn import (
     RunStore,
     run_agent,
 )
-from bastion.chat.request import ChatRequest, UIMessagePart
+from bastion.chat.request import ChatRequest, UIMessagePart, WireUIMessage
 from bastion.chat.stream_response import (
     DEFAULT_ERROR_TEXT,
     UI_MESSAGE_STREAM_HEADERS,
@@ -77,6 +77,7 @@ __all__ = [
     "StreamStatus",
     "TurnRunner",
     "UIMessagePart",
+    "WireUIMessage",
     "chat_routes",
     "conversation_routes",
     "create_agent_stream_response",
