@@ -406,10 +406,4 @@ def _event(event: RunEvent) -> EventOut:
 
 
 def _feedback(feedback: Feedback) -> FeedbackOut:
-    return FeedbackOut(
-        conversation_id=feedback.conversation_id,
-        message_id=feedback.message_id,
-        rating=feedback.rating,
-        comment=feedback.comment,
-        updated_at=feedback.updated_at,
-    )
+    return FeedbackOut.model_validate(feedback, from_attributes=True)
