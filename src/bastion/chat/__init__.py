@@ -31,6 +31,7 @@ from bastion.chat.headless_turn import (
     AgentRunContext,
     AgentRunResult,
     ConversationNotFoundError,
+    RunOptions,
     RunStore,
     run_agent,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "OnSettled",
     "ResumeQuery",
     "RuleRefusedError",
+    "RunOptions",
     "RunStore",
     "StopResult",
     "StreamLog",

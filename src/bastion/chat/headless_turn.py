@@ -17,7 +17,7 @@ import secrets
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias, TypeVar, overload
+from typing import Any, Final, TypeAlias, TypedDict, TypeVar, Unpack, overload
 
 from pydantic_ai.models import KnownModelName, Model
 from pydantic_ai.settings import ModelSettings
@@ -31,7 +31,14 @@ from bastion.stores.entities import StoreIdentity, TurnContext, title_from_text
 from bastion.stores.errors import NotFoundError
 from bastion.stores.protocol import Store
 
-__all__ = ["AgentRunContext", "AgentRunResult", "ConversationNotFoundError", "RunStore", "run_agent"]
+__all__ = [
+    "AgentRunContext",
+    "AgentRunResult",
+    "ConversationNotFoundError",
+    "RunOptions",
+    "RunStore",
+    "run_agent",
+]
 
 ContextT = TypeVar("ContextT")
 
@@ -96,6 +103,23 @@ class AgentRunContext:
         )
 
 
+class RunOptions(TypedDict, total=False):
+    """`run_agent`'s optional settings: `tenant_id` and `claims` (extra token claims the database's
+    rules may read) complete the caller's identity; `conversation_id` continues one of the caller's
+    conversations; `title`, `state` and `columns` go to the conversation a run creates;
+    `history_window` (default 100) is how many stored messages the turn reads; `model_settings` go to
+    the model."""
+
+    tenant_id: str | None
+    conversation_id: str | None
+    claims: Mapping[str, Any] | None
+    title: str | None
+    state: object
+    columns: Mapping[str, object] | None
+    history_window: int
+    model_settings: ModelSettings | None
+
+
 @overload
 async def run_agent(
     agent: Agent[AgentRunContext],
@@ -104,15 +128,8 @@ async def run_agent(
     model: Model | KnownModelName | str,
     store: RunStore,
     user_id: str,
-    tenant_id: str | None = None,
-    conversation_id: str | None = None,
-    claims: Mapping[str, Any] | None = None,
     context: None = None,
-    title: str | None = None,
-    state: object = None,
-    columns: Mapping[str, object] | None = None,
-    history_window: int = 100,
-    model_settings: ModelSettings | None = None,
+    **options: Unpack[RunOptions],
 ) -> AgentRunResult: ...
 
 
@@ -124,15 +141,8 @@ async def run_agent(
     model: Model | KnownModelName | str,
     store: RunStore,
     user_id: str,
-    tenant_id: str | None = None,
-    conversation_id: str | None = None,
-    claims: Mapping[str, Any] | None = None,
     context: Callable[[AgentRunContext], ContextT],
-    title: str | None = None,
-    state: object = None,
-    columns: Mapping[str, object] | None = None,
-    history_window: int = 100,
-    model_settings: ModelSettings | None = None,
+    **options: Unpack[RunOptions],
 ) -> AgentRunResult: ...
 
 
@@ -143,15 +153,8 @@ async def run_agent(
     model: Model | KnownModelName | str,
     store: RunStore,
     user_id: str,
-    tenant_id: str | None = None,
-    conversation_id: str | None = None,
-    claims: Mapping[str, Any] | None = None,
     context: Callable[[AgentRunContext], Any] | None = None,
-    title: str | None = None,
-    state: object = None,
-    columns: Mapping[str, object] | None = None,
-    history_window: int = 100,
-    model_settings: ModelSettings | None = None,
+    **options: Unpack[RunOptions],
 ) -> AgentRunResult:
     """Run one persisted turn of `agent` for `user_id` (in `tenant_id`) and return how it ended.
 
@@ -163,14 +166,17 @@ async def run_agent(
     """
     if not isinstance(message, str) or not message.strip():
         raise ValueError("run_agent needs a non-blank message.")
-    identity = StoreIdentity(user_id=user_id, tenant_id=tenant_id, claims=dict(claims or {}))
+    claims = options.get("claims")
+    identity = StoreIdentity(user_id=user_id, tenant_id=options.get("tenant_id"), claims=dict(claims or {}))
+    conversation_id = options.get("conversation_id")
     if conversation_id is None:
+        title = options.get("title")
         created = await store.create_conversation(
             identity,
             title=title if title is not None else _title(message),
             agent_name=agent.name,
-            state=state,
-            columns=columns,
+            state=options.get("state"),
+            columns=options.get("columns"),
         )
         conversation_id = created.id
     else:
@@ -182,7 +188,7 @@ async def run_agent(
     user_message = {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": message}]}
     try:
         run = await start_agent_run(
-            persistence=store.persistence(history_window=history_window),
+            persistence=store.persistence(history_window=options.get("history_window", 100)),
             context=turn,
             messages=[user_message],
             trigger="submit-message",
@@ -199,7 +205,7 @@ async def run_agent(
         model=model,
         messages=run.messages,
         execute_tool=run.execute_tool,
-        model_settings=model_settings,
+        model_settings=options.get("model_settings"),
     )
     assembler = UIMessageAssembler({"id": secrets.token_hex(8), "role": "assistant", "parts": []})
     reply = await lifecycle.collect(result, assembler)
