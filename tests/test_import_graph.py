@@ -69,6 +69,7 @@ SHIMS = {
     "bastion.chat_request",
     "bastion.stream",
     "bastion.durable.turns",
+    "bastion.inbox.turns",
     "bastion.stores.chat",
     "bastion.stores.routes",
     "bastion.stores.run",

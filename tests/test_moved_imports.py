@@ -260,6 +260,7 @@ MOVED_MODULES = {
     "bastion.chat_request": "bastion.chat.request",
     "bastion.stream": "bastion.chat",
     "bastion.durable.turns": "bastion.chat.durable_turns",
+    "bastion.inbox.turns": "bastion.inbox.bot_turn",
 }
 MOVED_NAMES = {
     ("bastion.chat_request", "ChatRequest"): "bastion.chat",

@@ -23,7 +23,7 @@ from bastion.api import InvalidRequestError, StrictModel, json_body, json_respon
 from bastion.auth import Principal
 from bastion.chat.request import UUID_PATTERN, WireUIMessage
 from bastion.errors import BastionError
-from bastion.stores._turns import MAX_TITLE
+from bastion.stores._turn_persistence import MAX_TITLE
 from bastion.stores.entities import (
     MAX_COMMENT,
     MAX_CURSOR,

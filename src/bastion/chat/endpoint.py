@@ -43,7 +43,7 @@ from bastion.chat.turn_lifecycle import TurnLifecycle
 from bastion.drain import Drain
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
-from bastion.stores._turns import check_storable_message
+from bastion.stores._turn_persistence import check_storable_message
 from bastion.stores.entities import StoreIdentity, TurnContext, TurnState, title_from_text
 from bastion.stores.errors import InvalidInputError, NotFoundError
 from bastion.stores.live import ChunkLog, FollowedRun, LiveTurns, StreamInterrupted, StreamSuperseded

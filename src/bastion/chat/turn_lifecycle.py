@@ -8,7 +8,7 @@ its session closed. A failure before the stream settles the run as failed, with 
 - The chat route (`bastion.chat.endpoint`) streams the opened turn over HTTP and finishes and settles
   it from the stream response's callbacks; a durable take-over (`bastion.chat.durable_turns`) goes
   through the route's `open_turn` and reads the same response without a client.
-- `run_agent` (`bastion.chat.headless_turn`) and the inbox's reply job (`bastion.inbox.turns`) `collect`
+- `run_agent` (`bastion.chat.headless_turn`) and the inbox's reply job (`bastion.inbox.bot_turn`) `collect`
   it into one message, as the AI SDK client would assemble it.
 
 The claim before it is each caller's (a chat request, a new conversation, an adopted run, none).
