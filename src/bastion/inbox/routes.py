@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Literal, TypeVar
 
@@ -179,28 +180,22 @@ def inbox_routes(
     `staff(principal)` is the identity a signed-in user staffs the inbox as (by default their own, in
     their token's tenant, when the token names them staff: `inbox_staff_identity`); None refuses them
     (403)."""
-    handlers = _InboxRoutes(inbox, channels=channels, tokens=tokens, widget_tenant=widget_tenant, staff=staff)
+    handlers = _InboxRoutes(
+        inbox=inbox, channels=channels, tokens=tokens, widget_tenant=widget_tenant, staff=staff
+    )
     return handlers.routes(prefix)
 
 
+@dataclass(frozen=True, kw_only=True)
 class _InboxRoutes:
     """The inbox routes' handlers. A channel's secret and a contact's token are checked once, by the
     route's `authorize` hook before the body is read; the handler takes what it verified from the request."""
 
-    def __init__(
-        self,
-        inbox: PostgresInbox,
-        *,
-        channels: InboxChannels,
-        tokens: ContactTokens,
-        widget_tenant: str | None,
-        staff: Callable[[Principal], StoreIdentity | None],
-    ) -> None:
-        self.inbox = inbox
-        self.channels = channels
-        self.tokens = tokens
-        self.widget_tenant = widget_tenant
-        self.staff = staff
+    inbox: PostgresInbox
+    channels: InboxChannels
+    tokens: ContactTokens
+    widget_tenant: str | None
+    staff: Callable[[Principal], StoreIdentity | None]
 
     def routes(self, prefix: str) -> list[Route]:
         channel = f"{prefix}/channels/{{channel}}/messages"
