@@ -13,7 +13,6 @@ acts as the same user in the same tenant.
 
 from __future__ import annotations
 
-import secrets
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,10 +21,9 @@ from typing import Any, Final, TypeAlias, TypedDict, TypeVar, Unpack, overload
 from pydantic_ai.models import KnownModelName, Model
 from pydantic_ai.settings import ModelSettings
 
-from bastion._ui_assembly import UIMessageAssembler
 from bastion._ui_chunks import UIMessage
 from bastion.agent import Agent
-from bastion.chat.turn_lifecycle import TurnLifecycle
+from bastion.chat.turn_lifecycle import TurnLifecycle, message_text
 from bastion.persistence import RunStatus, start_agent_run
 from bastion.stores.entities import StoreIdentity, TurnContext, title_from_text
 from bastion.stores.errors import NotFoundError
@@ -67,9 +65,7 @@ class AgentRunResult:
     @property
     def text(self) -> str:
         """The reply's text parts, joined."""
-        return "".join(
-            part.get("text", "") for part in self.message.get("parts", []) if part.get("type") == "text"
-        )
+        return message_text(self.message)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,8 +203,7 @@ async def run_agent(
         execute_tool=run.execute_tool,
         model_settings=options.get("model_settings"),
     )
-    assembler = UIMessageAssembler({"id": secrets.token_hex(8), "role": "assistant", "parts": []})
-    reply = await lifecycle.collect(result, assembler)
+    reply = await lifecycle.collect(result)
     return AgentRunResult(
         conversation_id=conversation_id,
         status=reply.status,

@@ -17,6 +17,7 @@ The claim before it is each caller's (a chat request, a new conversation, an ado
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from bastion._loop import AgentStreamResult
     from bastion._turn_plan import ExecuteToolHook, ModelSteps
 
-__all__ = ["CollectedReply", "TurnLifecycle"]
+__all__ = ["CollectedReply", "TurnLifecycle", "message_text"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +44,11 @@ class CollectedReply:
     status: RunStatus
     message: UIMessage
     finish_reason: str | None
+
+
+def message_text(message: UIMessage) -> str:
+    """A UI message's text parts, joined."""
+    return "".join(part.get("text", "") for part in message.get("parts", []) if part.get("type") == "text")
 
 
 class TurnLifecycle:
@@ -101,9 +107,10 @@ class TurnLifecycle:
             if self.session is not None:
                 await self.session.close()
 
-    async def collect(self, result: AgentStreamResult, assembler: UIMessageAssembler) -> CollectedReply:
-        """Read the opened stream to its end into `assembler` and settle the turn with its reply. A failure
-        saves what streamed so far as failed, then is raised."""
+    async def collect(self, result: AgentStreamResult) -> CollectedReply:
+        """Read the opened stream to its end, assembling the reply as the AI SDK client would, and settle
+        the turn with it. A failure saves what streamed so far as failed, then is raised."""
+        assembler = UIMessageAssembler({"id": secrets.token_hex(8), "role": "assistant", "parts": []})
         try:
             async for chunk in result:
                 assembler.apply(to_client_json(chunk)[1])

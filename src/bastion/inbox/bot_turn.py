@@ -10,17 +10,15 @@ turn (`identity=lambda turn: turn.identity`) recalls and stores nothing, and too
 from __future__ import annotations
 
 import inspect
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic_ai.models import KnownModelName, Model
 
-from bastion._ui_assembly import UIMessageAssembler
 from bastion.agent import Agent
 from bastion.auth import Principal
-from bastion.chat.turn_lifecycle import TurnLifecycle
+from bastion.chat.turn_lifecycle import TurnLifecycle, message_text
 from bastion.errors import ToolError
 from bastion.inbox.principal import ContactPrincipal
 from bastion.policies import ToolPolicy
@@ -109,11 +107,7 @@ async def answer_as_contact(
     """Run one turn of `agent` for the contact over `history`; the reply's text (may be empty)."""
     lifecycle = TurnLifecycle(None)  # a contact's turn stores no run: the job posts its reply
     result = await lifecycle.open(agent, context=lambda: _ready(turn), model=model, messages=history)
-    assembler = UIMessageAssembler({"id": secrets.token_hex(8), "role": "assistant", "parts": []})
-    message = (await lifecycle.collect(result, assembler)).message
-    return "".join(
-        part.get("text", "") for part in message.get("parts", []) if part.get("type") == "text"
-    ).strip()
+    return message_text((await lifecycle.collect(result)).message).strip()
 
 
 async def _ready(turn: InboxTurn) -> InboxTurn:
