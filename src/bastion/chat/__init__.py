@@ -2,7 +2,8 @@
 
 `chat_routes` (`bastion.chat.endpoint`) serves `POST /api/chat` to the AI SDK's `useChat`: it claims
 the turn, prepares the agent for the caller's context, streams the turn
-(`bastion.chat.stream_response`) and settles it once. `conversation_routes` serves the conversations
+(`bastion.chat.stream_response`) and settles it once. What follows a claim is the same for every turn
+(`bastion.chat.turn_lifecycle`). `conversation_routes` serves the conversations
 as HTTP entities, `run_agent` runs the same kind of turn without HTTP (`bastion.chat.headless_turn`),
 and `bastion.chat.durable_turns` makes turns survive their process (needs `bastion[postgres]` and
 DBOS, so it is imported from its module, not from here). `ChatTurn` (`bastion.chat.turn`) is the plain

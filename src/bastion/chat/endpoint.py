@@ -2,10 +2,11 @@
 
 `chat_routes(agent=..., store=..., model=..., context=...)` builds `POST /api/chat`, which claims the
 turn (`start_agent_run`), prepares the agent's session for the caller's context, streams the turn as
-the AI SDK UI message stream, and finishes and settles the run exactly once whatever happens: a
-failure before the stream settles the run as failed, a closed tab lets the turn finish and save. The
-lower-level pieces it is made of (`start_agent_run`, `Agent.prepare`, `AgentSession.stream`,
-`create_agent_stream_response`) stay public for applications that need another shape.
+the AI SDK UI message stream, and finishes and settles the run exactly once whatever happens
+(`bastion.chat.turn_lifecycle`): a failure before the stream settles the run as failed, a closed tab
+lets the turn finish and save. The lower-level pieces it is made of (`start_agent_run`,
+`Agent.prepare`, `AgentSession.stream`, `create_agent_stream_response`) stay public for applications
+that need another shape.
 
 The context factory receives a `ChatTurn`: plain data about who asks and for which conversation, so
 a turn can build its context anywhere (a durable turn rebuilds it in the process that takes it over).
