@@ -360,3 +360,14 @@ async def test_stopping_the_queue_thread_stops_dequeuing_and_nothing_else(
 
     direct = await DBOS.start_workflow_async(durable_workflows.which_loop)
     assert await asyncio.wait_for(direct.get_result(), 30) == id(asyncio.get_running_loop())
+
+
+async def test_stopping_the_queues_of_an_engine_closed_already_does_nothing(
+    migrated_database: MigratedDatabase,
+) -> None:
+    """A drain that starts after the engine closed (or before one launched) neither raises nor
+    stops anything: a failing drain callback would leave the server draining for ever."""
+    async with await DurableEngine.launch(migrated_database.app_dsn, recovery_interval=0.2) as engine:
+        pass
+    assert stop_dequeuing() is False
+    engine.stop_taking_work()

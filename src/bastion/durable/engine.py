@@ -230,7 +230,7 @@ class DurableEngine:
         processes run them. The workflows already running here go on; those cut when the process
         leaves are recovered by another one, as a dead process's are."""
         self.stop_recovering()
-        if not stop_dequeuing():
+        if not stop_dequeuing() and not self._closed:
             logger.warning("DBOS's queue thread was not found: this stopping process may still take jobs.")
 
     async def close(self) -> None:
@@ -289,7 +289,11 @@ def stop_dequeuing() -> bool:
     found as the argument of the thread running `dbos._queue.queue_thread`. Internal to DBOS:
     `tests/test_dbos_contract.py` pins it.
     """
-    for thread in _get_dbos_instance()._background_threads:
+    try:
+        threads = list(_get_dbos_instance()._background_threads)
+    except Exception:
+        return False  # DBOS is not launched (or already destroyed): nothing dequeues
+    for thread in threads:
         if getattr(thread, "_target", None) is _dbos_queue_thread:
             stop = getattr(thread, "_args", (None,))[0]
             if isinstance(stop, threading.Event):
