@@ -34,6 +34,7 @@ from dbos import DBOS, DBOSClient, SetEnqueueOptions, SetWorkflowID
 from dbos._dbos import _get_dbos_instance
 from dbos._dbos_config import DBOSConfig
 from dbos._sys_db import WorkflowStatusString
+from dbos._utils import INTERNAL_QUEUE_NAME
 
 from bastion.durable import DURABLE_APPLICATION_VERSION, DURABLE_SCHEMA, DurableEngine, system_database_url
 from bastion.durable.engine import stop_dequeuing
@@ -340,11 +341,13 @@ async def test_the_client_lists_a_finished_workflow_by_prefix_and_completion_tim
 
 
 async def test_stopping_the_queue_thread_stops_dequeuing_and_nothing_else(
-    durable_engine: DurableEngine,
+    durable_engine: DurableEngine, migrated_database: MigratedDatabase
 ) -> None:
     """`stop_dequeuing` (a draining process) finds DBOS's queue thread by its target and sets the event
-    it was started with: a job enqueued then stays ENQUEUED, while a workflow started directly still
-    runs and the engine still closes. Its behaviour across processes: tests/test_drain_jobs.py."""
+    it was started with: a job enqueued then stays ENQUEUED, and so does a dead executor's workflow
+    the janitor hands back (DBOS recovers through its internal queue: a draining process takes over
+    no dead worker's turn), while a workflow started directly still runs and the engine still closes.
+    Its behaviour across processes: tests/test_drain_jobs.py."""
     name = f"contract-{uuid.uuid4().hex[:8]}"
     await durable_engine.register_queue(name)
     before = await DBOS.enqueue_workflow_async(name, durable_workflows.which_loop)
@@ -357,6 +360,28 @@ async def test_stopping_the_queue_thread_stops_dequeuing_and_nothing_else(
     await asyncio.sleep(1.0)  # ten polls of the queue
     status = (await after.get_status()).status
     assert status == "ENQUEUED", f"a job enqueued after the stop is {status}."
+
+    dead = f"dead-{uuid.uuid4().hex[:8]}"
+    orphan = f"contract:{uuid.uuid4()}"
+    with psycopg.connect(migrated_database.admin_dsn, autocommit=True) as conn:
+        conn.execute(
+            "select dbos.enqueue_workflow(%s, 'contract.unpolled', array[]::json[], '{}'::json,"
+            " workflow_id => %s, app_version => %s, application_name => 'bastion')",
+            ("tests.durable.which_loop", orphan, DURABLE_APPLICATION_VERSION),
+        )
+        conn.execute(
+            # As a turn is: started directly (no queue), running on an executor that died.
+            "update dbos.workflow_status set status = 'PENDING', executor_id = %s, queue_name = null"
+            " where workflow_uuid = %s",
+            (dead, orphan),
+        )
+    await asyncio.to_thread(DBOS._recover_pending_workflows, [dead])
+    await asyncio.sleep(1.0)
+    with psycopg.connect(migrated_database.admin_dsn) as conn:
+        row = conn.execute(
+            "select status, queue_name from dbos.workflow_status where workflow_uuid = %s", (orphan,)
+        ).fetchone()
+    assert row == ("ENQUEUED", INTERNAL_QUEUE_NAME), f"a recovered workflow after the stop is {row}."
 
     direct = await DBOS.start_workflow_async(durable_workflows.which_loop)
     assert await asyncio.wait_for(direct.get_result(), 30) == id(asyncio.get_running_loop())
