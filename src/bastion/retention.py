@@ -13,17 +13,16 @@ each period prunes once, in whichever process dequeues it. A run deletes, each p
   the hooks' finished delivery workflows;
 - memory's expired operation records (each lives its store's `operation_ttl`).
 
-A running turn's log, an undelivered event and an unexpired recall are never touched. Start `Retention`
-in every process that launches the engine, as any of them may be handed a run (the run's workflow is
-declared with the engine, `bastion.durable.retention_workflow`): a run handed to a process before it
-started `Retention` (one recovered from a dead worker, say) waits for it, up to `READY_WAIT_SECONDS`,
-then fails, logged as an error and recorded as DBOS's `ERROR`. The operators' commands (`bastion hooks
-prune`, `prune_finished_turns`, `prune_outbox`) stay for pruning at once.
+A running turn's log, an undelivered event and an unexpired recall are never touched. Start `Retention` in
+every process that launches the engine, as any of them may be handed a run (the run's workflow is declared
+with the engine, `bastion.durable.retention_workflow`): a run handed to a process before it started
+`Retention` (one recovered from a dead worker, say) waits for it (30 s at most), then fails, logged as an
+error and recorded as DBOS's `ERROR`. The operators' commands (`bastion hooks prune`,
+`prune_finished_turns`, `prune_outbox`) stay for pruning at once.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -33,7 +32,6 @@ from dbos import DBOS
 from bastion.chat.durable_turns import prune_finished_turns
 from bastion.durable.engine import prune_finished_workflows
 from bastion.durable.retention_workflow import (
-    READY_WAIT_SECONDS,
     RETENTIONS,
     SCHEDULE_NAME,
     RetentionNotStarted,
@@ -49,15 +47,12 @@ if TYPE_CHECKING:
     from bastion.stores import PostgresStore
 
 __all__ = [
-    "READY_WAIT_SECONDS",
     "SCHEDULE_NAME",
     "Retention",
     "RetentionNotStarted",
     "RetentionPolicy",
     "RetentionReport",
 ]
-
-logger = logging.getLogger("bastion.retention")
 
 
 @dataclass(frozen=True, kw_only=True)
