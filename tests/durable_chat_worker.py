@@ -17,6 +17,10 @@ SIGTERM drains the worker (`bastion.draining_server`) for `BASTION_TEST_DRAIN_SE
 migrations): a turn whose text is `fact <id>` (or `turn <id>`) keeps one fact, slowly, recording
 `extract:start` and `extract:done` around the wait, so a test can kill the worker with the job in
 flight.
+
+`BASTION_TEST_RETENTION=1` starts retention (`bastion.retention`, no hooks, imported only then) once the
+routes are built, keeping finished turns an hour, on a schedule that never fires during a test: the test
+triggers it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -173,6 +178,14 @@ async def durable_memory(store: PostgresStore, engine: DurableEngine) -> AgentMe
     return memory
 
 
+async def start_retention(store: PostgresStore, engine: DurableEngine, dsn: str) -> None:
+    # Imported only now, long after the engine launched: its run's workflow is declared with the engine.
+    from bastion.retention import Retention, RetentionPolicy
+
+    policy = RetentionPolicy(finished_turns=timedelta(hours=1), schedule="0 0 0 1 1 *")
+    await Retention(store, conninfo=dsn, policy=policy, hooks=False).start(engine)
+
+
 def die_while_saving(point: str) -> None:
     """SIGKILL this process just before or just after a turn's save (not of a short reply)."""
     finish_run = PostgresAgentPersistence.finish_run
@@ -214,6 +227,8 @@ async def main(port: int) -> None:
         drain=drain,
         after_turn=memory.after_chat_turn if memory is not None else None,
     )
+    if os.environ.get("BASTION_TEST_RETENTION"):
+        await start_retention(store, engine, dsn)
     env = SupabaseEnv(url=PROJECT_URL, jwks=json.loads(os.environ["BASTION_TEST_JWKS"]))
     app = create_agent_worker(env=env, routes=[*routes, drain.ready_route()])
     server = DrainingServer(

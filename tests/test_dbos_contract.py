@@ -2,6 +2,7 @@
 
 bastion pins DBOS to a minor release (`dbos>=3.4.0,<3.5`): it calls one internal function
 (`DBOS._recover_pending_workflows`), reads one internal flag (`_launched` on the global instance),
+sets the stop event of DBOS's queue thread to stop dequeuing while the rest runs (`stop_dequeuing`),
 reads DBOS's system tables in its own SQL and calls DBOS's enqueue function from SQL. Upgrade DBOS on
 purpose: raise the pin, run this file, and where a test fails, change the code it names.
 
@@ -20,6 +21,7 @@ launching loop by `test_a_dequeued_workflow_runs_on_the_loop_that_launched_the_e
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import uuid
 from collections.abc import Callable
@@ -32,8 +34,10 @@ from dbos import DBOS, DBOSClient, SetEnqueueOptions, SetWorkflowID
 from dbos._dbos import _get_dbos_instance
 from dbos._dbos_config import DBOSConfig
 from dbos._sys_db import WorkflowStatusString
+from dbos._utils import INTERNAL_QUEUE_NAME
 
 from bastion.durable import DURABLE_APPLICATION_VERSION, DURABLE_SCHEMA, DurableEngine, system_database_url
+from bastion.durable.engine import stop_dequeuing
 from bastion.inbox import replies
 from tests import durable_workflows
 from tests.conftest import MigratedDatabase
@@ -334,3 +338,61 @@ async def test_the_client_lists_a_finished_workflow_by_prefix_and_completion_tim
         assert await finished(datetime.now(UTC) + timedelta(hours=1)) == [], "delete_workflows kept it."
     finally:
         client.destroy()
+
+
+async def test_stopping_the_queue_thread_stops_dequeuing_and_nothing_else(
+    durable_engine: DurableEngine, migrated_database: MigratedDatabase
+) -> None:
+    """`stop_dequeuing` (a draining process) finds DBOS's queue thread by its target and sets the event
+    it was started with: a job enqueued then stays ENQUEUED, and so does a dead executor's workflow
+    the janitor hands back (DBOS recovers through its internal queue: a draining process takes over
+    no dead worker's turn), while a workflow started directly still runs and the engine still closes.
+    Its behaviour across processes: tests/test_drain_jobs.py."""
+    name = f"contract-{uuid.uuid4().hex[:8]}"
+    await durable_engine.register_queue(name)
+    before = await DBOS.enqueue_workflow_async(name, durable_workflows.which_loop)
+    assert await asyncio.wait_for(before.get_result(), 30) == id(asyncio.get_running_loop())
+
+    assert stop_dequeuing(), (
+        "DBOS's queue thread (target dbos._queue.queue_thread) is gone or takes no event."
+    )
+    after = await DBOS.enqueue_workflow_async(name, durable_workflows.which_loop)
+    await asyncio.sleep(1.0)  # ten polls of the queue
+    status = (await after.get_status()).status
+    assert status == "ENQUEUED", f"a job enqueued after the stop is {status}."
+
+    dead = f"dead-{uuid.uuid4().hex[:8]}"
+    orphan = f"contract:{uuid.uuid4()}"
+    with psycopg.connect(migrated_database.admin_dsn, autocommit=True) as conn:
+        conn.execute(
+            "select dbos.enqueue_workflow(%s, 'contract.unpolled', array[]::json[], '{}'::json,"
+            " workflow_id => %s, app_version => %s, application_name => 'bastion')",
+            ("tests.durable.which_loop", orphan, DURABLE_APPLICATION_VERSION),
+        )
+        conn.execute(
+            # As a turn is: started directly (no queue), running on an executor that died.
+            "update dbos.workflow_status set status = 'PENDING', executor_id = %s, queue_name = null"
+            " where workflow_uuid = %s",
+            (dead, orphan),
+        )
+    await asyncio.to_thread(DBOS._recover_pending_workflows, [dead])
+    await asyncio.sleep(1.0)
+    with psycopg.connect(migrated_database.admin_dsn) as conn:
+        row = conn.execute(
+            "select status, queue_name from dbos.workflow_status where workflow_uuid = %s", (orphan,)
+        ).fetchone()
+    assert row == ("ENQUEUED", INTERNAL_QUEUE_NAME), f"a recovered workflow after the stop is {row}."
+
+    direct = await DBOS.start_workflow_async(durable_workflows.which_loop)
+    assert await asyncio.wait_for(direct.get_result(), 30) == id(asyncio.get_running_loop())
+
+
+async def test_stopping_the_queues_of_an_engine_closed_already_does_nothing(
+    migrated_database: MigratedDatabase,
+) -> None:
+    """A drain that starts after the engine closed (or before one launched) neither raises nor
+    stops anything: a failing drain callback would leave the server draining for ever."""
+    async with await DurableEngine.launch(migrated_database.app_dsn, recovery_interval=0.2) as engine:
+        pass
+    assert stop_dequeuing() is False
+    engine.stop_taking_work()

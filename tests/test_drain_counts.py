@@ -123,3 +123,17 @@ async def test_a_drain_tells_what_registered_once_it_starts_and_only_once() -> N
     assert await drain(0) == 0
     drain.start()
     assert told == ["engine"] and drain.draining
+
+
+async def test_a_failing_drain_callback_neither_stops_the_drain_nor_the_others(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken() -> None:
+        raise RuntimeError("closed already")
+
+    drain, told = Drain(), []
+    drain.on_start(broken)
+    drain.on_start(lambda: told.append("hooks"))
+    drain.start()
+    assert drain.draining and told == ["hooks"]
+    assert "A drain callback failed" in caplog.text

@@ -19,7 +19,7 @@ import httpx2
 import psycopg
 import pytest
 
-from bastion.durable import migrate_durable
+from bastion.durable import DurableEngine, migrate_durable
 from bastion.hooks.delivery import CHANNEL as HOOKS_CHANNEL
 from bastion.stores import apply_migrations
 from bastion.stores.postgres_live import CHANNEL
@@ -268,3 +268,50 @@ async def test_the_assistant_delivers_its_hooks_again_after_a_postgres_restart(
         assert statuses[-1] == 200 and set(statuses[:-1]) <= {503}, statuses
         await until(lambda: chats(after), 30)
         await until(hooks_listening, 30)  # its listener reconnected
+
+
+PASSWORD_ROLE = "bastion_password_app"
+PASSWORD = "only-with-this"
+
+
+def password_only_conninfo(database: MigratedDatabase) -> str:
+    """The application's role as a hosted database has it: a login that needs its password (here a
+    member of `bastion_app`), whose conninfo carries the password; the server asks for it from now on."""
+    cluster = database.cluster
+    with psycopg.connect(cluster.dsn("postgres"), autocommit=True) as conn:
+        if conn.execute("select 1 from pg_roles where rolname = %s", (PASSWORD_ROLE,)).fetchone() is None:
+            conn.execute(f"create role {PASSWORD_ROLE} login password '{PASSWORD}' in role bastion_app")
+            row = conn.execute("show hba_file").fetchone()
+            assert row is not None
+            hba = Path(row[0])
+            rules = f"local all {PASSWORD_ROLE} scram-sha-256\nhost all {PASSWORD_ROLE} all scram-sha-256\n"
+            hba.write_text(rules + hba.read_text())
+            conn.execute("select pg_reload_conf()")
+    conninfo = f"{cluster.dsn(database.name, user=PASSWORD_ROLE)} password={PASSWORD}"
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(cluster.dsn(database.name, user=PASSWORD_ROLE)).close()
+    psycopg.connect(conninfo).close()
+    return conninfo
+
+
+def lock_held(database: MigratedDatabase, executor: str) -> bool:
+    """Whether a session holds the executor's liveness lock (what other workers' janitors read as alive)."""
+    with psycopg.connect(database.admin_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "select pg_try_advisory_lock(hashtextextended(%s, 0))", ("bastion.executor:" + executor,)
+        ).fetchone()
+    return not (row and row[0])  # taken here, it is released as this connection closes
+
+
+async def test_the_engine_takes_its_liveness_lock_back_after_a_restart_with_a_password_login(
+    restartable: MigratedDatabase,
+) -> None:
+    """The engine reconnects its lock with the connection string it was launched with: the broken
+    connection's own omits the password, so with it a password login could never take the lock back,
+    and other workers would take this live worker's turns for a dead one's."""
+    conninfo = password_only_conninfo(restartable)
+    async with await DurableEngine.launch(conninfo, recovery_interval=0.2) as engine:
+        assert lock_held(restartable, engine.executor_id)
+        restartable.cluster.stop(mode="immediate")
+        restartable.cluster.start()
+        await until(lambda: lock_held(restartable, engine.executor_id), 20)

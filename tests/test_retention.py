@@ -4,6 +4,7 @@ running turn's, and a policy refuses a negative age."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from datetime import timedelta
 
@@ -12,8 +13,8 @@ import psycopg
 import pytest
 from dbos import DBOS
 
-from bastion.durable import DurableEngine
-from bastion.retention import SCHEDULE_NAME, Retention, RetentionPolicy
+from bastion.durable import DurableEngine, retention_workflow
+from bastion.retention import SCHEDULE_NAME, Retention, RetentionNotStarted, RetentionPolicy
 from bastion.stores import PostgresStore
 from tests.conftest import MigratedDatabase
 from tests.durable_cluster import until, user_message
@@ -104,6 +105,33 @@ async def test_one_retention_runs_per_process(
         await second.start(durable_engine)
         second.stop()
         await DBOS.delete_schedule_async(SCHEDULE_NAME)
+
+
+async def test_a_run_in_a_process_that_never_starts_retention_waits_then_ends_in_error(
+    migrated_database: MigratedDatabase,
+    durable_engine: DurableEngine,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Visible, not skipped: the run waits for the process's Retention (here half a second), then logs
+    an error and ends in DBOS's ERROR. The wait that lets a run recovered early succeed:
+    tests/test_retention_crash.py."""
+    monkeypatch.setattr(retention_workflow, "READY_WAIT_SECONDS", 0.5)
+    async with await PostgresStore.open(migrated_database.app_dsn, max_size=2) as store:
+        retention = Retention(store, conninfo=migrated_database.app_dsn, hooks=False)
+        await retention.start(durable_engine)
+        retention.stop()  # the schedule stays, this process's Retention is gone
+        try:
+            handle = await asyncio.to_thread(DBOS.trigger_schedule, SCHEDULE_NAME)
+            with (
+                caplog.at_level(logging.ERROR, logger="bastion.retention"),
+                pytest.raises(RetentionNotStarted),
+            ):
+                await asyncio.wait_for(asyncio.to_thread(handle.get_result), 20)
+        finally:
+            await DBOS.delete_schedule_async(SCHEDULE_NAME)
+    assert (await asyncio.to_thread(handle.get_status)).status == "ERROR"
+    assert "no Retention was started in this process" in caplog.text
 
 
 @pytest.mark.parametrize("field", ["finished_turns", "inbox_jobs", "delivered_events"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Mapping
 from typing import ClassVar, Final, Literal
 
@@ -27,6 +28,8 @@ from bastion.errors import BastionError
 from bastion.worker import RequestContext, Route
 
 __all__ = ["DEFAULT_DRAIN_SECONDS", "Drain", "DrainingError", "Readiness", "TurnHold"]
+
+logger = logging.getLogger("bastion.drain")
 
 DEFAULT_DRAIN_SECONDS: Final = 30.0
 """How long a stopping worker lets its running turns finish, unless the application says otherwise."""
@@ -107,7 +110,11 @@ class Drain:
             return
         self._draining = True
         for callback in self._on_start:
-            callback()
+            # One failing (a part already closed) must not stop the others, nor the drain itself.
+            try:
+                callback()
+            except Exception:
+                logger.exception("A drain callback failed; the drain goes on.")
 
     async def wait(self, timeout: float) -> int:
         """Wait up to `timeout` seconds for the running turns to end; how many are still running."""

@@ -13,22 +13,30 @@ each period prunes once, in whichever process dequeues it. A run deletes, each p
   the hooks' finished delivery workflows;
 - memory's expired operation records (each lives its store's `operation_ttl`).
 
-A running turn's log, an undelivered event and an unexpired recall are never touched. The operators'
-commands (`bastion hooks prune`, `prune_finished_turns`, `prune_outbox`) stay for pruning at once.
+A running turn's log, an undelivered event and an unexpired recall are never touched. Start `Retention` in
+every process that launches the engine, as any of them may be handed a run (the run's workflow is declared
+with the engine, `bastion.durable.retention_workflow`): a run handed to a process before it started
+`Retention` (one recovered from a dead worker, say) waits for it (30 s at most), then fails, logged as an
+error and recorded as DBOS's `ERROR`. The operators' commands (`bastion hooks prune`,
+`prune_finished_turns`, `prune_outbox`) stay for pruning at once.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final
+from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from dbos import DBOS
 
 from bastion.chat.durable_turns import prune_finished_turns
-from bastion.durable._ready import registered
 from bastion.durable.engine import prune_finished_workflows
+from bastion.durable.retention_workflow import (
+    RETENTIONS,
+    SCHEDULE_NAME,
+    RetentionNotStarted,
+    scheduled_retention,
+)
 from bastion.hooks import PostgresHookOutbox, Pruned, prune_deliveries, prune_outbox
 from bastion.inbox.replies import REPLY_WORKFLOW
 from bastion.memory.extraction_jobs import EXTRACTION_WORKFLOW
@@ -38,11 +46,13 @@ if TYPE_CHECKING:
     from bastion.memory import PostgresMemoryStore
     from bastion.stores import PostgresStore
 
-__all__ = ["Retention", "RetentionPolicy", "RetentionReport"]
-
-logger = logging.getLogger("bastion.retention")
-
-SCHEDULE_NAME: Final = "bastion.retention"
+__all__ = [
+    "SCHEDULE_NAME",
+    "Retention",
+    "RetentionNotStarted",
+    "RetentionPolicy",
+    "RetentionReport",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,44 +134,26 @@ class Retention:
             extraction_jobs=extraction_jobs,
         )
 
+    async def run_scheduled(self) -> dict[str, int]:
+        """`run_once`, as the scheduled workflow records it."""
+        return asdict(await self.run_once())
+
     async def start(self, engine: DurableEngine) -> None:
         """Run on `engine`'s schedule from now on (one retention per process)."""
-        global _running
-        if _running is not None and _running is not self:
+        running = RETENTIONS.get(SCHEDULE_NAME)
+        if running is not None and running is not self:
             raise RuntimeError("Another Retention already runs in this process.")
-        _running = self
+        RETENTIONS[SCHEDULE_NAME] = self
         await DBOS.apply_schedules_async(
             [
                 {
                     "schedule_name": SCHEDULE_NAME,
-                    "workflow_fn": _scheduled_retention,
+                    "workflow_fn": scheduled_retention,
                     "schedule": self.policy.schedule,
                 }
             ]
         )
 
     def stop(self) -> None:
-        global _running
-        if _running is self:
-            _running = None
-
-
-# DBOS calls scheduled workflows by name, with no application object: the one `Retention` a process
-# runs is found here.
-_running: Retention | None = None
-
-
-@DBOS.workflow(name=SCHEDULE_NAME)
-async def _scheduled_retention(scheduled_at: datetime, context: Any) -> None:
-    if await registered(lambda: _running) is None:
-        logger.warning("Retention of %s skipped: this process runs no retention.", scheduled_at)
-        return
-    report = await _run_step()
-    logger.info("Retention of %s: %s", scheduled_at, report)
-
-
-@DBOS.step(name="bastion.retention.run")
-async def _run_step() -> dict[str, int]:
-    """One step, so the DBOS calls inside run as plain calls rather than as steps of their own."""
-    assert _running is not None
-    return asdict(await _running.run_once())
+        if RETENTIONS.get(SCHEDULE_NAME) is self:
+            del RETENTIONS[SCHEDULE_NAME]

@@ -130,7 +130,7 @@ async def running_assistant(
             # the database then takes over.
             async with (
                 await DurableEngine.launch(database.app_conninfo) as engine,
-                _delivering(engine, store, database) if config.hooks else contextlib.nullcontext(),
+                _delivering(engine, store, database, hooks=config.hooks) as delivery,
             ):
                 oauth = None
                 if keys is not None and config.mcp_auth == "oauth":
@@ -152,6 +152,11 @@ async def running_assistant(
                     **inbox_settings(config),
                     durable=engine if config.durable else None,
                 )
+                # Once stopping, this process takes no queued job and starts no hook batch (durable
+                # turns or not): the other workers run them.
+                app.drain.on_start(engine.stop_taking_work)
+                if delivery is not None:
+                    app.drain.on_start(delivery.stop_dispatching)
                 # The inbox's jobs first: DBOS may already be handing this process recovered ones.
                 await app.inbox_replies.start(engine)
                 purged = await app.memory_store.purge()
@@ -180,13 +185,19 @@ async def running_assistant(
 
 
 @contextlib.asynccontextmanager
-async def _delivering(engine: DurableEngine, store: PostgresStore, database: Database) -> AsyncIterator[None]:
-    """The assistant's hooks (chat tables, usage) delivered from this process while it serves."""
+async def _delivering(
+    engine: DurableEngine, store: PostgresStore, database: Database, *, hooks: bool
+) -> AsyncIterator[HookDelivery | None]:
+    """The assistant's hooks (chat tables, usage) delivered from this process while it serves (with
+    `hooks`; else nothing)."""
+    if not hooks:
+        yield None
+        return
     delivery = await HookDelivery.start(
         engine, store.pool, assistant_hooks(store), listen_conninfo=database.app_conninfo
     )
     try:
-        yield
+        yield delivery
     finally:
         await delivery.close()
 

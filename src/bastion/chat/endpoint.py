@@ -175,7 +175,7 @@ class ChatEndpoint(Generic[ContextT]):
             from bastion.chat.durable_turns import DurableTurns
 
             self.durable = DurableTurns(self, durable, name=options.get("durable_name"))
-            self.drain.on_start(durable.stop_recovering)
+            self.drain.on_start(durable.stop_taking_work)
 
     def routes(self) -> list[Route]:
         """`POST {path}`: one turn of a conversation, answered with the UI message stream; with a store

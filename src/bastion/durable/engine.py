@@ -6,7 +6,9 @@ process gets an executor id of its own and holds a session advisory lock named a
 as it lives. A janitor in every process looks for executors that left PENDING workflows behind and
 whose lock it can take — their process is gone, because a session lock dies with its connection — and
 hands their workflows back to the queues through `DBOS._recover_pending_workflows`, where exactly one
-live process picks each up. That call is internal to DBOS; `tests/test_dbos_contract.py` pins it.
+live process picks each up. A process that is stopping (draining) takes no new work: it stops its
+janitor and stops dequeuing (`stop_dequeuing`), while the workflows it runs finish. Both calls reach
+into DBOS; `tests/test_dbos_contract.py` pins them.
 
 The application version is fixed (`DURABLE_APPLICATION_VERSION`), not DBOS's hash of the workflow
 sources: a deploy must not orphan the turns in flight. It changes only when stored workflow history
@@ -20,6 +22,7 @@ import contextlib
 import logging
 import os
 import secrets
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final
@@ -31,6 +34,7 @@ try:
     import sqlalchemy as sa
     from dbos import DBOS, DBOSConfig
     from dbos._dbos import _get_dbos_instance
+    from dbos._queue import queue_thread as _dbos_queue_thread
     from psycopg.conninfo import conninfo_to_dict
 except ImportError as error:
     raise missing_extra("bastion.durable", "durable", error) from error
@@ -42,6 +46,7 @@ __all__ = [
     "DurableEngineError",
     "migrate_durable",
     "prune_finished_workflows",
+    "stop_dequeuing",
     "system_database_url",
 ]
 
@@ -219,6 +224,15 @@ class DurableEngine:
         if janitor is not None:
             janitor.cancel()
 
+    def stop_taking_work(self) -> None:
+        """What a draining process does: stop recovering dead executors and stop dequeuing jobs (inbox
+        replies, hook lanes, memory extraction, turns recovered from a dead worker), so the other
+        processes run them. The workflows already running here go on; those cut when the process
+        leaves are recovered by another one, as a dead process's are."""
+        self.stop_recovering()
+        if not stop_dequeuing() and not self._closed:
+            logger.warning("DBOS's queue thread was not found: this stopping process may still take jobs.")
+
     async def close(self) -> None:
         """Stop the janitor, shut DBOS down and release the liveness lock (the process's work is then
         recoverable by any live process)."""
@@ -264,6 +278,28 @@ def _launch_dbos(conninfo: str, executor_id: str, application_name: str, pool_si
     except BaseException:
         DBOS.destroy()
         raise
+
+
+def stop_dequeuing() -> bool:
+    """Stop this process's DBOS from dequeuing, for good, leaving the rest of it running (workflows
+    already started finish; starting, recovering and reading workflows still work); whether it could.
+
+    DBOS has no call for it at runtime (`DBOS.listen_queues` only before launch), so this sets the
+    event its queue thread and that thread's per-queue pollers stop on, the one `DBOS.destroy` sets:
+    found as the argument of the thread running `dbos._queue.queue_thread`. Internal to DBOS:
+    `tests/test_dbos_contract.py` pins it.
+    """
+    try:
+        threads = list(_get_dbos_instance()._background_threads)
+    except Exception:
+        return False  # DBOS is not launched (or already destroyed): nothing dequeues
+    for thread in threads:
+        if getattr(thread, "_target", None) is _dbos_queue_thread:
+            stop = getattr(thread, "_args", (None,))[0]
+            if isinstance(stop, threading.Event):
+                stop.set()
+                return True
+    return False
 
 
 def _launched() -> bool:

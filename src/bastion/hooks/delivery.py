@@ -382,6 +382,13 @@ class HookDelivery:
                 logger.warning("Listening for hook events failed; reconnecting.", exc_info=True)
                 await asyncio.sleep(self._poll)
 
+    def stop_dispatching(self) -> None:
+        """Start no more batches, for good (a draining process: `Drain.on_start`). The batches running
+        here go on; the other processes' dispatchers deliver the events that follow. `close` still
+        ends the rest."""
+        for task in self._tasks:
+            task.cancel()
+
     async def close(self) -> None:
         tasks, self._tasks = self._tasks, []
         for task in tasks:

@@ -11,7 +11,9 @@ different users never share one, whatever run id they name.
 
 The caps are per process: a follower past `FollowerLimits.per_user` (all of a user's turns) or
 `per_turn` (one turn) is refused with `TooManyFollowersError` (429, `Retry-After`) before anything
-is read.
+is read. Per process on purpose: what a follower costs (a connection, memory, a share of a reader) is its
+process's, and a count shared by the workers would cost a database round trip on every resume and its
+end (the chat docs' followers section says more).
 """
 
 from __future__ import annotations
