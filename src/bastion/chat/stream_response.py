@@ -56,6 +56,8 @@ StreamStatus = Literal["completed", "failed", "cancelled"]
 _FINISH_REASONS: Final = frozenset({"stop", "length", "content-filter", "tool-calls", "error", "other"})
 _DONE: Final = b"data: [DONE]\n\n"
 _ID_ALPHABET: Final = string.ascii_letters + string.digits
+# At most this many turns of the event loop gather one write's events (see `_EventChannel._gather`).
+_GATHER_TURNS: Final = 32
 
 
 class StreamLog(Protocol):
@@ -433,9 +435,17 @@ class _EventChannel:
             else:
                 self._ready.clear()
                 await self._ready.wait()
-                # One more turn of the event loop lets a fast producer add to the batch: one write
-                # then carries several chunks, at a delay of microseconds.
-                await asyncio.sleep(0)
+                await self._gather()
+
+    async def _gather(self) -> None:
+        """Let the event loop turn while each turn brings more events (a producer faster than the
+        wire: a scripted or cached reply), up to `_GATHER_TURNS`: one write then carries many chunks.
+        A producer that waits between tokens (a model over the network) costs one turn, microseconds."""
+        for _ in range(_GATHER_TURNS):
+            held = len(self._pending)
+            await asyncio.sleep(0)
+            if len(self._pending) == held or self._closed:
+                return
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
