@@ -12,6 +12,11 @@
 Stages 2–5 run over the 200 text-delta chunks of a real turn, each stage alone, many times; medians.
 The hand-wired route pays 1, 2, 3 and 5; `chat_routes` adds 4.
 
+6. the whole stream route in process: `create_agent_stream_response` served as ASGI to a `send` that
+   keeps the bytes (no HTTP server, no database), without a log (the hand-wired turn) and with a
+   `ChunkLog` as `chat_routes` uses it (carried: written by the turn's close), from
+   (CPU₂₀₀ − CPU₂₀) / 180, with the body writes per turn. Ratios are to stage 1a measured in the run.
+
     bench/.venv/bin/python -m bench.delta_stages [--turns 30] [--batches 12]
 """
 
@@ -87,6 +92,44 @@ async def _model_stream_ns(model: Any, words: int) -> int:
         async for _ in response:
             pass
     return time.thread_time_ns() - started
+
+
+async def _route_turn(agent: Any, model: Any, words: int, *, logged: bool) -> tuple[int, int]:
+    """CPU ns of one turn served as the UI message stream to an in-memory ASGI `send`, and its writes."""
+    from bastion.chat.stream_response import create_agent_stream_response
+
+    started = time.thread_time_ns()
+    cancel = asyncio.Event()
+    session = await agent.prepare(context=_principal(), cancel=cancel)
+    messages = [user_message(words)]
+    result = await session.stream(model=model, messages=messages)
+    log: ChunkLog | None = None
+    if logged:
+
+        async def sink(batch: ChunkBatch) -> bool:
+            json.dumps(list(batch.chunks))
+            return False
+
+        log = ChunkLog(sink, interval=3600)
+        log.carried = True
+    response = create_agent_stream_response(result, original_messages=messages, log=log)
+    writes = 0
+    done = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal writes
+        if message["type"] == "http.response.body":
+            writes += 1
+            if not message.get("more_body"):
+                done.set()
+
+    await response({"type": "http"}, receive, send)
+    await session.close()
+    return time.thread_time_ns() - started, writes
 
 
 def _per_delta(run: Callable[[], None], deltas: int, repeat: int) -> float:
@@ -170,6 +213,19 @@ async def measure(turns: int, batches: int) -> list[str]:
                 b"".join(channel._pending)
                 channel._pending.clear()
 
+    routes: dict[str, tuple[float, float]] = {}
+    for label, logged in (("hand-wired (no log)", False), ("`chat_routes` (carried ChunkLog)", True)):
+        for _ in range(3):
+            await _route_turn(agent, model, WORDS, logged=logged)
+        long_runs = [await _route_turn(agent, model, WORDS, logged=logged) for _ in range(turns)]
+        short_runs = [await _route_turn(agent, model, SHORT, logged=logged) for _ in range(turns)]
+        per_delta = (
+            (statistics.median(ns for ns, _ in long_runs) - statistics.median(ns for ns, _ in short_runs))
+            / 1000
+            / (WORDS - SHORT)
+        )
+        routes[label] = (per_delta, statistics.median(writes for _, writes in long_runs))
+
     repeat = 200
     figures = {
         "1. model event → UI chunk (loop + scripted model), with a cancel event watched": watched_us,
@@ -201,6 +257,18 @@ async def measure(turns: int, batches: int) -> list[str]:
     lines += [
         f"| hand-wired route (1+2+3+5) | {hand:.1f} |",
         f"| `chat_routes` (1+2+3+4+5) | {hand + sum(v for k, v in figures.items() if k[0] == '4'):.1f} |",
+    ]
+    lines += [
+        "",
+        f"The whole stream route in process, per text delta (ratio to 1a, pydantic-ai's model stream alone, "
+        f"{model_us:.1f} µs in this run)",
+        "",
+        "| route | µs per delta | ÷ 1a | body writes per 200-word turn |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {label} | {us:.1f} | {us / model_us:.2f} | {writes:.0f} |"
+        for label, (us, writes) in routes.items()
     ]
     return lines
 
