@@ -19,6 +19,7 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from bastion._client_json import text_delta_json
 from bastion._loop import AgentStreamResult
 from bastion._ui_assembly import UIMessageAssembler, to_client_json
 from bastion._ui_chunks import UIMessage
@@ -255,8 +256,13 @@ class _Turn:
         iterator = aiter(self._result)
         try:
             async for chunk in iterator:
-                wire, parsed = to_client_json(chunk)
-                self._assembler.apply(parsed)
+                wire = text_delta_json(chunk)
+                if wire is None:
+                    wire, parsed = to_client_json(chunk)
+                    self._assembler.apply(parsed)
+                else:  # a plain text delta, the most frequent chunk: its two strings are all it holds
+                    parsed = chunk
+                    self._assembler.apply_text_delta(chunk["id"], chunk["delta"])
                 self._send(b"data: " + wire + b"\n\n")
                 if self._chunk_log is not None:
                     self._chunk_log.add(parsed, wire)
