@@ -3,8 +3,10 @@
 1. model event → UI chunk: bastion's loop over the scripted pydantic-ai `FunctionModel` (the model's
    own generator included), from (CPU of a 200-word turn − CPU of a 20-word turn) / 180, watching a
    cancel event as both routes do (the request's, or the stop signal's), and without one;
-2. wire JSON: `to_client_json(chunk)` (the bytes the client gets and the parsed chunk);
-3. assembly: `UIMessageAssembler.apply(parsed)` (validation, then the saved message's text);
+2. wire JSON: the bytes the client gets, as the route makes them: `text_delta_json(chunk)` from the
+   delta's two strings (where bastion has it), else `to_client_json(chunk)` (encode, then parse);
+3. assembly: the saved message's text, as the route applies a delta: `apply_text_delta(id, delta)`
+   (where bastion has it), else `UIMessageAssembler.apply(parsed)` (validation, then the text);
 4. log: `ChunkLog.add(parsed)`, then the log's write serializing its batches as psycopg's `Jsonb`
    does (`json.dumps` of the batch), at the batch sizes `--batches` gives (no database round trip);
 5. SSE bytes: the event's framing, `_EventChannel.send` and the join of a write's batch.
@@ -30,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bastion import _client_json
 from bastion._ui_assembly import UIMessageAssembler, to_client_json
 from bastion.auth import Principal
 from bastion.chat.stream_response import _EventChannel
@@ -169,17 +172,24 @@ async def measure(turns: int, batches: int) -> list[str]:
     wires = [to_client_json(chunk)[0] for chunk in deltas]
     prefix = [chunk for chunk in chunks if chunk["type"] != "text-delta"][:8]
 
+    direct = getattr(_client_json, "text_delta_json", None)  # absent before text deltas had it
+
     def wire_json() -> None:
         for chunk in deltas:
-            to_client_json(chunk)
+            if direct is None or direct(chunk) is None:
+                to_client_json(chunk)
 
     def assembly() -> None:
         assembler = UIMessageAssembler({"id": "m", "role": "assistant", "parts": []})
         for chunk in prefix:  # the tool call and the text part's start, as in a turn
             assembler.apply(to_client_json(chunk)[1])
+        text_delta = getattr(assembler, "apply_text_delta", None)
         started = time.thread_time_ns()
         for chunk in parsed:
-            assembler.apply(chunk)
+            if text_delta is None:
+                assembler.apply(chunk)
+            else:
+                text_delta(chunk["id"], chunk["delta"])
         assembly.spent += time.thread_time_ns() - started  # type: ignore[attr-defined]
 
     assembly.spent = 0  # type: ignore[attr-defined]
@@ -231,14 +241,16 @@ async def measure(turns: int, batches: int) -> list[str]:
         "1. model event → UI chunk (loop + scripted model), with a cancel event watched": watched_us,
         "1b. of which without a cancel event (`cancel=None`)": loop_us,
         "1a. of which pydantic-ai's model stream alone (scripted model → events)": model_us,
-        "2. wire JSON (to_client_json)": _per_delta(wire_json, len(deltas), repeat),
+        "2. wire JSON (text_delta_json, else to_client_json)": _per_delta(wire_json, len(deltas), repeat),
     }
     assembly_samples = []
     for _ in range(repeat):
         assembly.spent = 0  # type: ignore[attr-defined]
         assembly()
         assembly_samples.append(assembly.spent / 1000 / len(parsed))  # type: ignore[attr-defined]
-    figures["3. assembly (UIMessageAssembler.apply)"] = statistics.median(assembly_samples)
+    figures["3. assembly (apply_text_delta, else UIMessageAssembler.apply)"] = statistics.median(
+        assembly_samples
+    )
     figures["4a. log: ChunkLog.add"] = _per_delta(log_add, len(parsed), repeat)
     figures[f"4b. log: batch serialized for Jsonb ({len(groups)} batches)"] = _per_delta(
         log_serialize, len(parsed), repeat
