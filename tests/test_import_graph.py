@@ -55,9 +55,10 @@ LAYERS: list[set[str]] = [
     {"bastion.stores", "bastion.durable", "bastion._turn_plan"},
     {"bastion._loop"},
     {"bastion.agent", "bastion.memory", "bastion.sqlalchemy", "bastion.hooks"},
-    {"bastion._assembled_turn"},
-    # A turn over HTTP and its orchestration; the inbox; the public facade.
-    {"bastion.chat", "bastion.inbox", "bastion"},
+    # A turn over HTTP and its orchestration (with the one lifecycle every turn runs); the public facade.
+    {"bastion.chat", "bastion"},
+    # The support inbox, whose bot turns run through the chat package's turn lifecycle.
+    {"bastion.inbox"},
     {"bastion.client", "bastion.draining_server", "bastion.retention"},
     {"bastion.assistant"},
     {"bastion.cli"},
@@ -68,6 +69,7 @@ SHIMS = {
     "bastion.chat_request",
     "bastion.stream",
     "bastion.durable.turns",
+    "bastion.inbox.turns",
     "bastion.stores.chat",
     "bastion.stores.routes",
     "bastion.stores.run",

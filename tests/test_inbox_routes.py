@@ -253,3 +253,34 @@ async def test_the_adapter_collects_what_the_bot_and_staff_wrote(api: Api, inbox
     assert (await api.http.get("/api/inbox/channels/sms/messages", headers=other)).json()["messages"] == []
     refused = await api.http.get("/api/inbox/channels/chat/messages", headers=other)
     assert refused.status_code == 401
+
+
+async def test_a_channel_secret_and_a_contact_token_are_each_checked_once_per_request(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route's authorize hook verifies them before the body is read; the handler uses what it verified."""
+    checks: list[str] = []
+    authenticate, verify = InboxChannels.authenticate, ContactTokens.verify
+
+    def counted_authenticate(self: InboxChannels, name: object, secret: str | None) -> InboxChannel:
+        checks.append("channel")
+        return authenticate(self, name, secret)
+
+    def counted_verify(self: ContactTokens, token: object) -> ContactPrincipal:
+        checks.append("contact")
+        return verify(self, token)
+
+    monkeypatch.setattr(InboxChannels, "authenticate", counted_authenticate)
+    monkeypatch.setattr(ContactTokens, "verify", counted_verify)
+    assert (await api.deliver("Hello", message_id="once-1")).status_code == 200
+    headers = {"Authorization": f"Bearer {api.channel.secret}"}
+    assert (await api.http.get("/api/inbox/channels/chat/messages", headers=headers)).status_code == 200
+    assert checks == ["channel", "channel"]
+    opened = (await api.http.post("/api/inbox/widget/conversations", json={"name": "Ada"})).json()
+    as_ada = {"Authorization": f"Bearer {opened['token']}"}
+    checks.clear()
+    assert (
+        await api.http.post("/api/inbox/widget/messages", json={"text": "Hi"}, headers=as_ada)
+    ).status_code == 200
+    assert (await api.http.get("/api/inbox/widget/messages", headers=as_ada)).status_code == 200
+    assert checks == ["contact", "contact"]

@@ -260,6 +260,7 @@ MOVED_MODULES = {
     "bastion.chat_request": "bastion.chat.request",
     "bastion.stream": "bastion.chat",
     "bastion.durable.turns": "bastion.chat.durable_turns",
+    "bastion.inbox.turns": "bastion.inbox.bot_turn",
 }
 MOVED_NAMES = {
     ("bastion.chat_request", "ChatRequest"): "bastion.chat",
@@ -285,6 +286,13 @@ MOVED_NAMES = {
 }
 
 
+# Names that moved under a new name: where they live now, and as what.
+RENAMED = {
+    ("bastion.chat_request", "UIMessage"): ("bastion.chat.request", "WireUIMessage"),
+    ("bastion.chat.request", "UIMessage"): ("bastion.chat.request", "WireUIMessage"),
+}
+
+
 def new_home(module: str, name: str) -> str | None:
     return MOVED_NAMES.get((module, name)) or MOVED_MODULES.get(module)
 
@@ -300,6 +308,12 @@ def imported(module: str, name: str) -> tuple[Any, list[str]]:
 
 def check(module: str, name: str) -> None:
     value, deprecations = imported(module, name)
+    if (module, name) in RENAMED:
+        home, new_name = RENAMED[module, name]
+        warning = f"{module}.{name} was renamed: import {new_name} from {home}"
+        assert deprecations and set(deprecations) == {warning}
+        assert getattr(importlib.import_module(home), new_name) is value
+        return
     home = new_home(module, name)
     if home is None:
         assert deprecations == [], f"{module}.{name}"
@@ -348,3 +362,8 @@ def test_the_moved_modules_are_only_shims_left_for_old_imports() -> None:
         [sys.executable, "-W", "error::DeprecationWarning", "-c", code], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_request_messages_old_name_warns_and_is_the_wire_shape() -> None:
+    """`bastion.chat.request.UIMessage` (the request's checked shape before its rename) still imports."""
+    check("bastion.chat.request", "UIMessage")

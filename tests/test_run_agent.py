@@ -10,7 +10,7 @@ import pytest
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from bastion import define_agent, tool
+from bastion import ToolError, define_agent, tool
 from bastion.chat.headless_turn import AgentRunContext, ConversationNotFoundError, run_agent
 from bastion.stores import PostgresStore, SqliteStore, StoreIdentity
 from tests.scripted import Call, ScriptedModel
@@ -183,6 +183,39 @@ async def test_a_failed_model_is_saved_as_a_failed_turn_and_the_conversation_sta
         )
     events = await store.list_events(StoreIdentity(user_id=alice), first.conversation_id)
     assert events[-1].type == "run.failed"
+    again = await run_agent(
+        plain,
+        message="three",
+        model=ScriptedModel(["back"]),
+        store=store,
+        user_id=alice,
+        conversation_id=first.conversation_id,
+    )
+    assert again.text == "back"
+
+
+async def test_tools_that_cannot_be_opened_fail_the_turn_before_the_model_is_asked(store: Store) -> None:
+    """A failure before the stream (here the tools' factory) is saved as a failed turn, as the route's is."""
+
+    def tools(context: AgentRunContext) -> Any:
+        raise ToolError("The docs connection is unreachable.")
+
+    unopenable = define_agent(name="helper", instructions="Help.", tools=tools)
+    model = ScriptedModel(["never"])
+    alice = user()
+    first = await run_agent(plain, message="one", model=ScriptedModel(["ok"]), store=store, user_id=alice)
+    with pytest.raises(ToolError, match="unreachable"):
+        await run_agent(
+            unopenable,
+            message="two",
+            model=model,
+            store=store,
+            user_id=alice,
+            conversation_id=first.conversation_id,
+        )
+    assert model.calls == 0
+    events = await store.list_events(StoreIdentity(user_id=alice), first.conversation_id)
+    assert [event.type for event in events][-2:] == ["run.started", "run.failed"]
     again = await run_agent(
         plain,
         message="three",

@@ -15,7 +15,7 @@ from bastion.persistence import RunInput, RunOutcome
 from bastion.stores import MigrationChangedError, SqliteStore, StoreIdentity, TurnContext
 from bastion.stores import _sqlite_connection as sqlite_connection
 from bastion.stores import _sqlite_statements as sqlite_statements
-from bastion.stores import _sqlite_turns as sqlite_turns
+from bastion.stores import _sqlite_turn_persistence as sqlite_turns
 from bastion.stores import sqlite as sqlite_module
 from bastion.stores.sqlite import available_sqlite_migrations
 

@@ -41,7 +41,7 @@ from bastion.stores import (
     TurnContext,
     TurnState,
 )
-from bastion.stores._turns import approval_request_events, canonical_json, run_event
+from bastion.stores._turn_persistence import approval_request_events, canonical_json, run_event
 from tests.conftest import MigratedDatabase
 from tests.scripted import Call, ScriptedModel
 

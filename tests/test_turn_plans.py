@@ -1,6 +1,6 @@
-"""The store-independent arithmetic of a turn (`bastion.stores._turns`): which rows a reconciled history
-writes, which approval events it records, and which values the stores accept. Both stores run these
-plans, so their edge cases are pinned here once, without a database."""
+"""The store-independent arithmetic of a turn (`bastion.stores._turn_persistence`): which rows a
+reconciled history writes, which approval events it records, and which values the stores accept.
+Both stores run these plans, so their edge cases are pinned here once, without a database."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bastion.stores import InvalidInputError
-from bastion.stores._turns import (
+from bastion.stores._turn_persistence import (
     approval_response_events,
     browser_message_ids,
     json_value,

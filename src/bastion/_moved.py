@@ -3,8 +3,9 @@
 A shim module sets `__getattr__ = moved_names(__name__, {name: new_module, ...}, rest=module)`; each
 access to a moved name (`from old import name` included) raises a `DeprecationWarning` naming where to
 import it from, and returns the very object that lives there. `rest` is the module the old one became:
-its other public names (those outside the old `__all__`) are found there the same way. `others`
-answers every other name (a package's own lazy names), without a warning.
+its other public names (those outside the old `__all__`) are found there the same way. `renamed` maps
+a name that moved under a new name to (new module, new name). `others` answers every other name (a
+package's own lazy names), without a warning.
 """
 
 from __future__ import annotations
@@ -20,11 +21,20 @@ def moved_names(
     new_homes: Mapping[str, str],
     *,
     rest: str | None = None,
+    renamed: Mapping[str, tuple[str, str]] | None = None,
     others: Callable[[str], Any] | None = None,
 ) -> Callable[[str], Any]:
     """A module `__getattr__` that finds each of `new_homes`' names in its new module, with a warning."""
 
     def __getattr__(name: str) -> Any:
+        if renamed is not None and name in renamed:
+            renamed_in, new_name = renamed[name]
+            warnings.warn(
+                f"{old_module}.{name} was renamed: import {new_name} from {renamed_in}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return getattr(importlib.import_module(renamed_in), new_name)
         new_module = new_homes.get(name)
         if new_module is None and rest is not None and not name.startswith("_"):
             new_module = rest if hasattr(importlib.import_module(rest), name) else None

@@ -26,8 +26,8 @@ __all__ = [
 
 # One UI message stream chunk in the AI SDK's wire shape (`{"type": "text-delta", ...}`).
 Chunk = dict[str, Any]
-# One AI SDK UI message as the runtime handles it (`id`, `role`, `parts`, …); requests validate its
-# shape with `bastion.chat.request.UIMessage`.
+# One AI SDK UI message as the runtime handles it (`id`, `role`, `parts`, …): the one `UIMessage`. HTTP
+# checks its shape with `bastion.chat.request.WireUIMessage`.
 UIMessage = dict[str, Any]
 
 

@@ -39,7 +39,7 @@ from bastion.chat.conversations import (
     NewFeedback,
 )
 from bastion.chat.endpoint import StopResult
-from bastion.chat.request import UI_MESSAGE_STREAM_END, UIMessage
+from bastion.chat.request import UI_MESSAGE_STREAM_END, WireUIMessage
 from bastion.versioning import DEFAULT_VERSIONING
 from bastion.worker import status_error_code
 
@@ -102,14 +102,14 @@ class ConversationPage(StrictModel):
     next: str | None
 
 
-def user_message(text: str, *, message_id: str | None = None) -> UIMessage:
+def user_message(text: str, *, message_id: str | None = None) -> WireUIMessage:
     """A new user message of one text part, in the shape `chat` sends."""
     message = {
         "id": message_id or uuid.uuid4().hex,
         "role": "user",
         "parts": [{"type": "text", "text": text}],
     }
-    return cast("UIMessage", message)
+    return cast("WireUIMessage", message)
 
 
 class BastionClient:
@@ -229,7 +229,7 @@ class BastionClient:
     async def chat(
         self,
         conversation_id: str,
-        messages: Sequence[UIMessage],
+        messages: Sequence[WireUIMessage],
         *,
         trigger: Literal["submit-message", "regenerate-message"] = "submit-message",
     ) -> AsyncIterator[UIMessageChunk]:

@@ -2,7 +2,8 @@
 
 `chat_routes` (`bastion.chat.endpoint`) serves `POST /api/chat` to the AI SDK's `useChat`: it claims
 the turn, prepares the agent for the caller's context, streams the turn
-(`bastion.chat.stream_response`) and settles it once. `conversation_routes` serves the conversations
+(`bastion.chat.stream_response`) and settles it once. What follows a claim is the same for every turn
+(`bastion.chat.turn_lifecycle`). `conversation_routes` serves the conversations
 as HTTP entities, `run_agent` runs the same kind of turn without HTTP (`bastion.chat.headless_turn`),
 and `bastion.chat.durable_turns` makes turns survive their process (needs `bastion[postgres]` and
 DBOS, so it is imported from its module, not from here). `ChatTurn` (`bastion.chat.turn`) is the plain
@@ -19,6 +20,7 @@ from bastion.chat.conversations import (
 from bastion.chat.endpoint import (
     AfterTurn,
     ChatEndpoint,
+    ChatOptions,
     ChatStore,
     ContextFactory,
     LiveTurnStore,
@@ -30,10 +32,11 @@ from bastion.chat.headless_turn import (
     AgentRunContext,
     AgentRunResult,
     ConversationNotFoundError,
+    RunOptions,
     RunStore,
     run_agent,
 )
-from bastion.chat.request import ChatRequest, UIMessagePart
+from bastion.chat.request import ChatRequest, UIMessagePart, WireUIMessage
 from bastion.chat.stream_response import (
     DEFAULT_ERROR_TEXT,
     UI_MESSAGE_STREAM_HEADERS,
@@ -55,6 +58,7 @@ __all__ = [
     "AgentRunResult",
     "AgentStreamResponse",
     "ChatEndpoint",
+    "ChatOptions",
     "ChatRequest",
     "ChatStore",
     "ChatTurn",
@@ -69,12 +73,14 @@ __all__ = [
     "OnSettled",
     "ResumeQuery",
     "RuleRefusedError",
+    "RunOptions",
     "RunStore",
     "StopResult",
     "StreamLog",
     "StreamStatus",
     "TurnRunner",
     "UIMessagePart",
+    "WireUIMessage",
     "chat_routes",
     "conversation_routes",
     "create_agent_stream_response",

@@ -21,9 +21,9 @@ from starlette.responses import JSONResponse, Response
 
 from bastion.api import InvalidRequestError, StrictModel, json_body, json_response, operation
 from bastion.auth import Principal
-from bastion.chat.request import UUID_PATTERN, UIMessage
+from bastion.chat.request import UUID_PATTERN, WireUIMessage
 from bastion.errors import BastionError
-from bastion.stores._turns import MAX_TITLE
+from bastion.stores._turn_persistence import MAX_TITLE
 from bastion.stores.entities import (
     MAX_COMMENT,
     MAX_CURSOR,
@@ -167,7 +167,7 @@ class MessageList(StrictModel):
     """The conversation's UI messages after the position asked from, oldest first, and the position to
     ask from next."""
 
-    messages: list[UIMessage]
+    messages: list[WireUIMessage]
     next: Annotated[int, Field(description="The position of the last message listed (or `after`).")] = 0
 
 
@@ -389,8 +389,8 @@ def _conversation_id(context: RequestContext) -> str:
         raise NotFoundError() from None
 
 
-def _ui_message(message: StoredMessage) -> UIMessage:
-    stored: UIMessage = message.message  # type: ignore[assignment]
+def _ui_message(message: StoredMessage) -> WireUIMessage:
+    stored: WireUIMessage = message.message  # type: ignore[assignment]
     return stored
 
 
@@ -406,10 +406,4 @@ def _event(event: RunEvent) -> EventOut:
 
 
 def _feedback(feedback: Feedback) -> FeedbackOut:
-    return FeedbackOut(
-        conversation_id=feedback.conversation_id,
-        message_id=feedback.message_id,
-        rating=feedback.rating,
-        comment=feedback.comment,
-        updated_at=feedback.updated_at,
-    )
+    return FeedbackOut.model_validate(feedback, from_attributes=True)

@@ -2,10 +2,11 @@
 
 `chat_routes(agent=..., store=..., model=..., context=...)` builds `POST /api/chat`, which claims the
 turn (`start_agent_run`), prepares the agent's session for the caller's context, streams the turn as
-the AI SDK UI message stream, and finishes and settles the run exactly once whatever happens: a
-failure before the stream settles the run as failed, a closed tab lets the turn finish and save. The
-lower-level pieces it is made of (`start_agent_run`, `Agent.prepare`, `AgentSession.stream`,
-`create_agent_stream_response`) stay public for applications that need another shape.
+the AI SDK UI message stream, and finishes and settles the run exactly once whatever happens
+(`bastion.chat.turn_lifecycle`): a failure before the stream settles the run as failed, a closed tab
+lets the turn finish and save. The lower-level pieces it is made of (`start_agent_run`,
+`Agent.prepare`, `AgentSession.stream`, `create_agent_stream_response`) stay public for applications
+that need another shape.
 
 The context factory receives a `ChatTurn`: plain data about who asks and for which conversation, so
 a turn can build its context anywhere (a durable turn rebuilds it in the process that takes it over).
@@ -20,7 +21,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Final, Generic, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, Generic, TypeAlias, TypedDict, TypeVar, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_ai.models import KnownModelName, Model
@@ -39,10 +40,11 @@ from bastion.chat.stream_response import (
 )
 from bastion.chat.tool_errors import tools_refusal
 from bastion.chat.turn import ChatTurn, DurableTurnHooks
+from bastion.chat.turn_lifecycle import TurnLifecycle
 from bastion.drain import Drain
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
 from bastion.persistence import AgentPersistence, AgentRun, start_agent_run, start_new_conversation_run
-from bastion.stores._turns import check_storable_message
+from bastion.stores._turn_persistence import check_storable_message
 from bastion.stores.entities import StoreIdentity, TurnContext, TurnState, title_from_text
 from bastion.stores.errors import InvalidInputError, NotFoundError
 from bastion.stores.live import ChunkLog, FollowedRun, LiveTurns, StreamInterrupted, StreamSuperseded
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AfterTurn",
     "ChatEndpoint",
+    "ChatOptions",
     "ChatStore",
     "ContextFactory",
     "LiveTurnStore",
@@ -101,6 +104,43 @@ class ResumeQuery(BaseModel):
     ] = None
 
 
+class ChatOptions(TypedDict, Generic[ContextT], total=False):
+    """The chat route's optional settings, taken by `chat_routes` and `ChatEndpoint` alike.
+
+    - `persistence`: how turns are stored; default `store.persistence(history_window=...)`
+      (`history_window`, default 100: how many stored messages a turn reads).
+    - `path` (default `/api/chat`): where the route is served.
+    - `create_conversations` (default True): a conversation's first message creates it for the caller.
+    - `on_error(exc)`: the text a client sees for a failed turn.
+    - `stop_wait_seconds` (default 10): how long a stop waits for the turn to settle (stores with live
+      turns, such as `PostgresStore`, add the stop and resume routes).
+    - `usage_metadata` (default False): the `finish` chunk's `messageMetadata` (and so the stored
+      message's `metadata`) carries the turn's token usage (see `create_agent_stream_response`).
+    - `durable` (a launched `bastion.durable.DurableEngine`, Postgres store only): every turn runs as
+      a durable workflow: when its process dies, a live one takes it over and finishes it from its
+      last completed model request (`durable_name` names the endpoint across processes; default from
+      the agent's name and the path). See `bastion.chat.durable_turns`.
+    - `drain` (a `bastion.drain.Drain`, shared with the process's other endpoints and its `GET /ready`):
+      counts the turns and, once started, refuses new ones with 503 `draining`, for a worker that stops
+      without cutting replies short (`bastion.draining_server`).
+    - `after_turn(turn, messages, context)`: runs once a turn completed and was saved, before the turn
+      settles (a durable turn's workflow still covers it), in the process that finished the turn; it
+      never fails the turn. `AgentMemory.after_chat_turn` queues the turn's memory extraction there.
+    """
+
+    persistence: AgentPersistence[TurnContext, TurnState] | None
+    history_window: int
+    path: str
+    create_conversations: bool
+    on_error: Callable[[Exception], str] | None
+    stop_wait_seconds: float
+    usage_metadata: bool
+    durable: DurableEngine | None
+    durable_name: str | None
+    drain: Drain | None
+    after_turn: AfterTurn[ContextT] | None
+
+
 class ChatEndpoint(Generic[ContextT]):
     """The chat route of one agent over one store; `routes()` lists what it serves."""
 
@@ -111,37 +151,30 @@ class ChatEndpoint(Generic[ContextT]):
         store: ChatStore,
         model: ModelChoice,
         context: ContextFactory[ContextT],
-        persistence: AgentPersistence[TurnContext, TurnState] | None = None,
-        history_window: int = 100,
-        path: str = "/api/chat",
-        create_conversations: bool = True,
-        on_error: Callable[[Exception], str] | None = None,
-        stop_wait_seconds: float = 10.0,
-        usage_metadata: bool = False,
-        durable: DurableEngine | None = None,
-        durable_name: str | None = None,
-        drain: Drain | None = None,
-        after_turn: AfterTurn[ContextT] | None = None,
+        **options: Unpack[ChatOptions[ContextT]],
     ) -> None:
         self.agent = agent
         self.store = store
         self.model = model
         self.context = context
-        self.persistence = persistence or store.persistence(history_window=history_window)
-        self.path = path.rstrip("/") or "/"
-        self.create_conversations = create_conversations
-        self.on_error = on_error
-        self.stop_wait_seconds = stop_wait_seconds
-        self.usage_metadata = usage_metadata
+        persistence = options.get("persistence")
+        self.persistence = persistence or store.persistence(history_window=options.get("history_window", 100))
+        self.path = options.get("path", "/api/chat").rstrip("/") or "/"
+        self.create_conversations = options.get("create_conversations", True)
+        self.on_error = options.get("on_error")
+        self.stop_wait_seconds = options.get("stop_wait_seconds", 10.0)
+        self.usage_metadata = options.get("usage_metadata", False)
         # Counts this endpoint's turns and refuses new ones once the process is stopping.
+        drain = options.get("drain")
         self.drain = drain if drain is not None else Drain()
-        self.after_turn = after_turn
+        self.after_turn = options.get("after_turn")
         self.live: LiveTurns | None = store.live_turns() if isinstance(store, LiveTurnStore) else None
         self.durable: DurableTurns | None = None
+        durable = options.get("durable")
         if durable is not None:
             from bastion.chat.durable_turns import DurableTurns
 
-            self.durable = DurableTurns(self, durable, name=durable_name)
+            self.durable = DurableTurns(self, durable, name=options.get("durable_name"))
             self.drain.on_start(durable.stop_recovering)
 
     def routes(self) -> list[Route]:
@@ -200,9 +233,9 @@ class ChatEndpoint(Generic[ContextT]):
         A failure before the stream settles the run as failed. `durable` is what a durable turn
         adds (`bastion.durable`): its model steps, its tool hook, its message id and its runner.
         """
-        session = None
         held = contextlib.ExitStack()
         held.callback(self.drain.hold().release)
+        lifecycle = TurnLifecycle(run, release=held.close)
         stop: asyncio.Event | None = None
         log: ChunkLog | None = None
         try:
@@ -220,36 +253,30 @@ class ChatEndpoint(Generic[ContextT]):
             if durable is not None:
                 durable.attach(log)
             # A closed tab does not stop the run: the reply is finished and saved for the next visit.
-            agent_context = await _resolved(self.context(turn))
-            execute_tool = run.execute_tool if durable is None else durable.execute_tool(run.execute_tool)
-            session = await self.agent.prepare(context=agent_context, cancel=stop, execute_tool=execute_tool)
-            result = await session.stream(
+            result = await lifecycle.open(
+                self.agent,
+                context=lambda: _resolved(self.context(turn)),
                 model=self.model,
                 messages=run.messages,
+                cancel=stop,
+                execute_tool=run.execute_tool if durable is None else durable.execute_tool(run.execute_tool),
                 steps=durable.steps if durable is not None else None,
             )
         except BaseException as error:
-            held.close()
-            if session is not None:
-                await session.close()
-            await run.finish(status="failed")
+            await lifecycle.settle(status="failed")
             refusal = tools_refusal(error)
             if refusal is not None:
                 raise refusal from error
             raise
-        opened = session
 
         async def on_finish(*, response_message: dict[str, Any], status: StreamStatus) -> None:
-            await run.finish(response_message=response_message, status=status)
+            await lifecycle.finish(response_message=response_message, status=status)
             if status == "completed":
-                await self._after_turn(turn, _ended_with(run.messages, response_message), agent_context)
+                messages = _ended_with(run.messages, response_message)
+                await self._after_turn(turn, messages, lifecycle.context)
 
         async def on_settled(*, status: StreamStatus) -> None:
-            try:
-                await run.finish(status=status)
-            finally:
-                held.close()
-                await opened.close()
+            await lifecycle.settle(status=status)
 
         return create_agent_stream_response(
             result,
@@ -273,9 +300,7 @@ class ChatEndpoint(Generic[ContextT]):
         The turn settles as cancelled with what it streamed so far. Answers 200 once it settled, 202
         when it was asked but has not settled within `stop_wait_seconds`, 204 when none was running.
         """
-        live = self._live()
-        identity = StoreIdentity.from_principal(context.require_principal())
-        conversation_id = _conversation_id(context)
+        live, identity, conversation_id = self._live_conversation(context)
         run_id = await live.request_stop(identity, conversation_id)
         if run_id is None:
             return Response(status_code=204)
@@ -302,9 +327,7 @@ class ChatEndpoint(Generic[ContextT]):
         taken-over turn re-runs with `reset-step`; otherwise the response closes and the client resumes.
         A user (or a turn) with as many followers as the store allows gets 429 `too_many_followers`
         with `Retry-After`."""
-        live = self._live()
-        identity = StoreIdentity.from_principal(context.require_principal())
-        conversation_id = _conversation_id(context)
+        live, identity, conversation_id = self._live_conversation(context)
         current = await live.live_run(identity, conversation_id)
         if current is None:
             return Response(status_code=204)
@@ -335,10 +358,11 @@ class ChatEndpoint(Generic[ContextT]):
         except Exception:
             logger.exception("after_turn failed for run %s; the turn is saved.", turn.run_id)
 
-    def _live(self) -> LiveTurns:
+    def _live_conversation(self, context: RequestContext) -> tuple[LiveTurns, StoreIdentity, str]:
+        """The live turns, the caller and the conversation a stop or a resume names (404 without them)."""
         if self.live is None:
             raise NotFoundError()
-        return self.live
+        return self.live, StoreIdentity.from_principal(context.require_principal()), _conversation_id(context)
 
     async def _start_turn(self, turn: TurnContext, body: ChatRequest) -> AgentRun[Any, Any]:
         """Claim the turn. A conversation's first message (the AI SDK client sends one message then)
@@ -413,58 +437,15 @@ def chat_routes(
     store: ChatStore,
     model: ModelChoice,
     context: ContextFactory[ContextT],
-    persistence: AgentPersistence[TurnContext, TurnState] | None = None,
-    history_window: int = 100,
-    path: str = "/api/chat",
-    create_conversations: bool = True,
-    on_error: Callable[[Exception], str] | None = None,
-    stop_wait_seconds: float = 10.0,
-    usage_metadata: bool = False,
-    durable: DurableEngine | None = None,
-    durable_name: str | None = None,
-    drain: Drain | None = None,
-    after_turn: AfterTurn[ContextT] | None = None,
+    **options: Unpack[ChatOptions[ContextT]],
 ) -> list[Route]:
     """The chat routes of `agent` over `store`, for `create_agent_worker(routes=...)`.
 
-    `context(turn)` builds the agent's trusted context for each turn (it may be async).
-    `persistence` defaults to `store.persistence(history_window=...)`. With `create_conversations`
-    a conversation's first message creates it for the caller. `on_error(exc)` gives the text a
-    client sees for a failed turn. A store with live turns (`PostgresStore`) adds the stop and
-    resume routes; a stop waits up to `stop_wait_seconds` for the turn to settle. With
-    `usage_metadata` the `finish` chunk's `messageMetadata` (and so the stored message's `metadata`)
-    carries the turn's token usage (see `create_agent_stream_response`).
-
-    `durable` (a launched `bastion.durable.DurableEngine`, Postgres store only) runs every turn as
-    a durable workflow: when its process dies, a live one takes it over and finishes it from its
-    last completed model request (`durable_name` names the endpoint across processes; default
-    from the agent's name and the path). See `bastion.chat.durable_turns`.
-
-    `drain` (a `bastion.drain.Drain`, shared with the process's other endpoints and its `GET /ready`)
-    counts the turns and, once started, refuses new ones with 503 `draining`, for a worker that stops
-    without cutting replies short (`bastion.draining_server`).
-
-    `after_turn(turn, messages, context)` runs once a turn completed and was saved, before the turn
-    settles (a durable turn's workflow still covers it), in the process that finished the turn; it
-    never fails the turn. `AgentMemory.after_chat_turn` queues the turn's memory extraction there.
+    `context(turn)` builds the agent's trusted context for each turn (it may be async). The optional
+    settings (persistence, path, stop and resume, durable turns, drain, `after_turn`…) are
+    `ChatOptions`, the same as `ChatEndpoint`'s.
     """
-    return ChatEndpoint(
-        agent=agent,
-        store=store,
-        model=model,
-        context=context,
-        persistence=persistence,
-        history_window=history_window,
-        path=path,
-        create_conversations=create_conversations,
-        on_error=on_error,
-        stop_wait_seconds=stop_wait_seconds,
-        usage_metadata=usage_metadata,
-        durable=durable,
-        durable_name=durable_name,
-        drain=drain,
-        after_turn=after_turn,
-    ).routes()
+    return ChatEndpoint(agent=agent, store=store, model=model, context=context, **options).routes()
 
 
 def _ended_with(messages: list[dict[str, Any]], response: dict[str, Any]) -> list[dict[str, Any]]:

@@ -13,25 +13,30 @@ acts as the same user in the same tenant.
 
 from __future__ import annotations
 
-import secrets
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias, TypeVar, overload
+from typing import Any, Final, TypeAlias, TypedDict, TypeVar, Unpack, overload
 
 from pydantic_ai.models import KnownModelName, Model
 from pydantic_ai.settings import ModelSettings
 
-from bastion._assembled_turn import stream_into
-from bastion._ui_assembly import UIMessageAssembler
 from bastion._ui_chunks import UIMessage
 from bastion.agent import Agent
+from bastion.chat.turn_lifecycle import TurnLifecycle, message_text
 from bastion.persistence import RunStatus, start_agent_run
 from bastion.stores.entities import StoreIdentity, TurnContext, title_from_text
 from bastion.stores.errors import NotFoundError
 from bastion.stores.protocol import Store
 
-__all__ = ["AgentRunContext", "AgentRunResult", "ConversationNotFoundError", "RunStore", "run_agent"]
+__all__ = [
+    "AgentRunContext",
+    "AgentRunResult",
+    "ConversationNotFoundError",
+    "RunOptions",
+    "RunStore",
+    "run_agent",
+]
 
 ContextT = TypeVar("ContextT")
 
@@ -60,9 +65,7 @@ class AgentRunResult:
     @property
     def text(self) -> str:
         """The reply's text parts, joined."""
-        return "".join(
-            part.get("text", "") for part in self.message.get("parts", []) if part.get("type") == "text"
-        )
+        return message_text(self.message)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +99,23 @@ class AgentRunContext:
         )
 
 
+class RunOptions(TypedDict, total=False):
+    """`run_agent`'s optional settings: `tenant_id` and `claims` (extra token claims the database's
+    rules may read) complete the caller's identity; `conversation_id` continues one of the caller's
+    conversations; `title`, `state` and `columns` go to the conversation a run creates;
+    `history_window` (default 100) is how many stored messages the turn reads; `model_settings` go to
+    the model."""
+
+    tenant_id: str | None
+    conversation_id: str | None
+    claims: Mapping[str, Any] | None
+    title: str | None
+    state: object
+    columns: Mapping[str, object] | None
+    history_window: int
+    model_settings: ModelSettings | None
+
+
 @overload
 async def run_agent(
     agent: Agent[AgentRunContext],
@@ -104,15 +124,8 @@ async def run_agent(
     model: Model | KnownModelName | str,
     store: RunStore,
     user_id: str,
-    tenant_id: str | None = None,
-    conversation_id: str | None = None,
-    claims: Mapping[str, Any] | None = None,
     context: None = None,
-    title: str | None = None,
-    state: object = None,
-    columns: Mapping[str, object] | None = None,
-    history_window: int = 100,
-    model_settings: ModelSettings | None = None,
+    **options: Unpack[RunOptions],
 ) -> AgentRunResult: ...
 
 
@@ -124,15 +137,8 @@ async def run_agent(
     model: Model | KnownModelName | str,
     store: RunStore,
     user_id: str,
-    tenant_id: str | None = None,
-    conversation_id: str | None = None,
-    claims: Mapping[str, Any] | None = None,
     context: Callable[[AgentRunContext], ContextT],
-    title: str | None = None,
-    state: object = None,
-    columns: Mapping[str, object] | None = None,
-    history_window: int = 100,
-    model_settings: ModelSettings | None = None,
+    **options: Unpack[RunOptions],
 ) -> AgentRunResult: ...
 
 
@@ -143,15 +149,8 @@ async def run_agent(
     model: Model | KnownModelName | str,
     store: RunStore,
     user_id: str,
-    tenant_id: str | None = None,
-    conversation_id: str | None = None,
-    claims: Mapping[str, Any] | None = None,
     context: Callable[[AgentRunContext], Any] | None = None,
-    title: str | None = None,
-    state: object = None,
-    columns: Mapping[str, object] | None = None,
-    history_window: int = 100,
-    model_settings: ModelSettings | None = None,
+    **options: Unpack[RunOptions],
 ) -> AgentRunResult:
     """Run one persisted turn of `agent` for `user_id` (in `tenant_id`) and return how it ended.
 
@@ -163,14 +162,17 @@ async def run_agent(
     """
     if not isinstance(message, str) or not message.strip():
         raise ValueError("run_agent needs a non-blank message.")
-    identity = StoreIdentity(user_id=user_id, tenant_id=tenant_id, claims=dict(claims or {}))
+    claims = options.get("claims")
+    identity = StoreIdentity(user_id=user_id, tenant_id=options.get("tenant_id"), claims=dict(claims or {}))
+    conversation_id = options.get("conversation_id")
     if conversation_id is None:
+        title = options.get("title")
         created = await store.create_conversation(
             identity,
             title=title if title is not None else _title(message),
             agent_name=agent.name,
-            state=state,
-            columns=columns,
+            state=options.get("state"),
+            columns=options.get("columns"),
         )
         conversation_id = created.id
     else:
@@ -182,7 +184,7 @@ async def run_agent(
     user_message = {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": message}]}
     try:
         run = await start_agent_run(
-            persistence=store.persistence(history_window=history_window),
+            persistence=store.persistence(history_window=options.get("history_window", 100)),
             context=turn,
             messages=[user_message],
             trigger="submit-message",
@@ -192,27 +194,27 @@ async def run_agent(
     run_context = AgentRunContext(
         identity=identity, conversation_id=conversation_id, store=store, model=model
     )
-    assembler = UIMessageAssembler({"id": secrets.token_hex(8), "role": "assistant", "parts": []})
-    try:
-        result = await stream_into(
-            assembler,
-            agent,
-            context=context(run_context) if context is not None else run_context,
-            model=model,
-            messages=run.messages,
-            execute_tool=run.execute_tool,
-            model_settings=model_settings,
-        )
-    except BaseException:
-        partial = assembler.assembled_message()
-        await run.finish(response_message=partial if partial["parts"] else None, status="failed")
-        raise
-    status: Literal["completed", "cancelled"] = "cancelled" if result.cancelled else "completed"
-    reply = assembler.assembled_message()
-    await run.finish(response_message=reply, status=status)
-    return AgentRunResult(
-        conversation_id=conversation_id, status=status, message=reply, finish_reason=result.finish_reason
+    lifecycle = TurnLifecycle(run)
+    result = await lifecycle.open(
+        agent,
+        context=lambda: _built(context, run_context),
+        model=model,
+        messages=run.messages,
+        execute_tool=run.execute_tool,
+        model_settings=options.get("model_settings"),
     )
+    reply = await lifecycle.collect(result)
+    return AgentRunResult(
+        conversation_id=conversation_id,
+        status=reply.status,
+        message=reply.message,
+        finish_reason=reply.finish_reason,
+    )
+
+
+async def _built(context: Callable[[AgentRunContext], Any] | None, run_context: AgentRunContext) -> Any:
+    """The tools' context: what the application's factory builds from `run_context`, else itself."""
+    return context(run_context) if context is not None else run_context
 
 
 def _title(message: str) -> str | None:

@@ -4,16 +4,22 @@ stored, and its JSON schema, from the same types.
 Validation is strict JSON (no `"5"` for 5) and keeps the messages as the plain JSON the browser sent:
 reconciliation compares them with the stored ones value for value. The rules that depend on what is
 stored (which moves are legitimate, what a new user message may hold) are `bastion.history`'s.
+
+`WireUIMessage` is a UI message as it crosses HTTP, checked; inside, the runtime handles the same
+message as a plain dict, `bastion.chat.stream_response.UIMessage` (callbacks typed with
+`dict[str, Any]` keep type-checking). The old name `bastion.chat.request.UIMessage` still imports, with
+a `DeprecationWarning`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Final, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Final, Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 from typing_extensions import TypedDict
 
+from bastion._moved import moved_names
 from bastion.api import UUID_PATTERN, StrictModel
 from bastion.errors import BastionError
 from bastion.history import SUBMIT_MESSAGE
@@ -26,6 +32,7 @@ __all__ = [
     "EmptyMessageError",
     "UIMessage",
     "UIMessagePart",
+    "WireUIMessage",
 ]
 
 
@@ -45,9 +52,9 @@ class UIMessagePart(TypedDict):
     type: str
 
 
-class UIMessage(TypedDict):
-    """An AI SDK UI message: `id`, `role` (`user` or `assistant`) and its `parts`, plus any fields the
-    AI SDK adds (`metadata`)."""
+class WireUIMessage(TypedDict):
+    """An AI SDK UI message as HTTP carries it (a chat request, a conversation's messages, the client):
+    `id`, `role` (`user` or `assistant`) and its `parts`, plus any fields the AI SDK adds (`metadata`)."""
 
     __pydantic_config__ = ConfigDict(extra="allow", strict=True)  # type: ignore[misc]
     id: Annotated[str, Field(min_length=1, max_length=200)]
@@ -71,7 +78,7 @@ class ChatRequest(StrictModel):
 
     id: Annotated[str, Field(pattern=UUID_PATTERN, description="The conversation's id (a UUID).")]
     trigger: Literal["submit-message", "regenerate-message"] = SUBMIT_MESSAGE
-    messages: Annotated[list[UIMessage], Field(min_length=1)]
+    messages: Annotated[list[WireUIMessage], Field(min_length=1)]
 
     @model_validator(mode="after")
     def _says_something(self) -> Self:
@@ -87,3 +94,9 @@ class ChatRequest(StrictModel):
             if parts and not said:
                 raise EmptyMessageError(f"messages[{len(self.messages) - 1}].parts")
         return self
+
+
+if TYPE_CHECKING:
+    UIMessage = WireUIMessage  # the old name, for type checkers; at run time it warns
+
+__getattr__ = moved_names(__name__, {}, renamed={"UIMessage": (__name__, "WireUIMessage")})

@@ -12,6 +12,7 @@
 The inbox needs Postgres (`bastion[postgres]`).
 """
 
+from bastion.inbox.bot_turn import InboxTurn, answer_as_contact, handoff_to_human, user_only_policy
 from bastion.inbox.channels import InboxChannel, InboxChannels
 from bastion.inbox.entities import (
     Author,
@@ -34,7 +35,6 @@ from bastion.inbox.routes import inbox_routes
 from bastion.inbox.staff import INBOX_STAFF_ROLE, inbox_staff_identity, is_inbox_staff
 from bastion.inbox.store import PostgresInbox, ReplyJob, ReplyRouter, apply_inbox_migrations
 from bastion.inbox.tokens import ContactTokens
-from bastion.inbox.turns import InboxTurn, answer_as_contact, handoff_to_human, user_only_policy
 
 __all__ = [
     "CONTACT_ROLE",

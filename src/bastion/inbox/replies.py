@@ -45,9 +45,9 @@ from bastion.agent import Agent
 from bastion.durable import DURABLE_APPLICATION_VERSION, DURABLE_SCHEMA, DurableEngine
 from bastion.durable._ready import REGISTRATION_WAIT_SECONDS, registered
 from bastion.durable.engine import DEFAULT_APPLICATION_NAME
+from bastion.inbox.bot_turn import InboxTurn, answer_as_contact
 from bastion.inbox.principal import ContactPrincipal
 from bastion.inbox.store import PostgresInbox
-from bastion.inbox.turns import InboxTurn, answer_as_contact
 from bastion.stores.postgres import Connection
 
 __all__ = ["REPLY_QUEUE", "REPLY_WORKFLOW", "InboxReplies", "JobOutcome", "reply_job_id"]

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import Field
 from starlette.requests import Request
@@ -25,7 +26,7 @@ from starlette.responses import Response
 
 from bastion.api import StrictModel, json_response, operation
 from bastion.auth import AuthenticationError, Principal, bearer_token
-from bastion.inbox.channels import InboxChannels
+from bastion.inbox.channels import InboxChannel, InboxChannels
 from bastion.inbox.entities import InboxConversation, InboxMessage
 from bastion.inbox.errors import ChannelUnauthorizedError, ContactTokenError, NotInboxStaffError
 from bastion.inbox.principal import ContactPrincipal
@@ -36,6 +37,8 @@ from bastion.stores import NotFoundError, StoreIdentity
 from bastion.worker import RequestContext, Route
 
 __all__ = ["inbox_routes"]
+
+VerifiedT = TypeVar("VerifiedT")
 
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 Text = Annotated[str, Field(min_length=1, max_length=MAX_MESSAGE_LENGTH)]
@@ -177,28 +180,62 @@ def inbox_routes(
     `staff(principal)` is the identity a signed-in user staffs the inbox as (by default their own, in
     their token's tenant, when the token names them staff: `inbox_staff_identity`); None refuses them
     (403)."""
+    handlers = _InboxRoutes(
+        inbox=inbox, channels=channels, tokens=tokens, widget_tenant=widget_tenant, staff=staff
+    )
+    return handlers.routes(prefix)
 
-    def _staff(context: RequestContext) -> StoreIdentity:
-        identity = staff(context.require_principal())
+
+@dataclass(frozen=True, kw_only=True)
+class _InboxRoutes:
+    """The inbox routes' handlers. A channel's secret and a contact's token are checked once, by the
+    route's `authorize` hook before the body is read; the handler takes what it verified from the request."""
+
+    inbox: PostgresInbox
+    channels: InboxChannels
+    tokens: ContactTokens
+    widget_tenant: str | None
+    staff: Callable[[Principal], StoreIdentity | None]
+
+    def routes(self, prefix: str) -> list[Route]:
+        channel = f"{prefix}/channels/{{channel}}/messages"
+        widget = f"{prefix}/widget/messages"
+        conversation = f"{prefix}/conversations/{{conversation_id}}"
+        adapter, visitor = self.channel_secret, self.contact_token
+        return [
+            Route(method="POST", path=channel, auth="none", handler=self.receive, authorize=adapter),
+            Route(method="GET", path=channel, auth="none", handler=self.deliver, authorize=adapter),
+            Route(
+                method="POST", path=f"{prefix}/widget/conversations", auth="none", handler=self.open_widget
+            ),
+            Route(method="GET", path=widget, auth="none", handler=self.widget_messages, authorize=visitor),
+            Route(method="POST", path=widget, auth="none", handler=self.widget_send, authorize=visitor),
+            Route(method="GET", path=f"{prefix}/conversations", auth="user", handler=self.list_conversations),
+            Route(method="GET", path=conversation, auth="user", handler=self.get_conversation),
+            Route(method="PUT", path=f"{conversation}/mode", auth="user", handler=self.set_mode),
+            Route(method="POST", path=f"{conversation}/messages", auth="user", handler=self.reply),
+        ]
+
+    def channel_secret(self, request: Request, context: RequestContext) -> None:
+        """Before the body is read: the channel's secret, or 401."""
+        secret = _bearer(request, ChannelUnauthorizedError)
+        request.state.inbox_channel = self.channels.authenticate(context.params.get("channel"), secret)
+
+    def contact_token(self, request: Request, context: RequestContext) -> None:
+        """Before the body is read: the contact's token, or 401."""
+        request.state.inbox_contact = self.tokens.verify(_bearer(request, ContactTokenError))
+
+    def _staff(self, context: RequestContext) -> StoreIdentity:
+        identity = self.staff(context.require_principal())
         if identity is None:
             raise NotInboxStaffError()
         return identity
 
-    def channel_secret(request: Request, context: RequestContext) -> None:
-        """Before the body is read: the channel's secret, or 401."""
-        channels.authenticate(context.params.get("channel"), _bearer(request, ChannelUnauthorizedError))
-
-    def contact_token(request: Request, context: RequestContext) -> None:
-        _contact(request, tokens)
-
     @operation(body=InboxInboundBody, responses={200: InboxInboundOut}, errors=(401, 409))
-    async def receive(request: Request, context: RequestContext, *, body: InboxInboundBody) -> Response:
+    async def receive(self, request: Request, context: RequestContext, *, body: InboxInboundBody) -> Response:
         """A contact's message from a channel adapter, stored once per message id."""
-        channel = channels.authenticate(
-            context.params.get("channel"), _bearer(request, ChannelUnauthorizedError)
-        )
-        inbound = await inbox.record_inbound(
-            channel,
+        inbound = await self.inbox.record_inbound(
+            _verified(request, "inbox_channel", InboxChannel),
             thread_id=body.thread_id or body.contact.id,
             contact_id=body.contact.id,
             contact_name=body.contact.name,
@@ -214,12 +251,12 @@ def inbox_routes(
         )
 
     @operation(query=InboxOutboundQuery, responses={200: InboxOutboundList}, errors=(401,))
-    async def deliver(request: Request, context: RequestContext, *, query: InboxOutboundQuery) -> Response:
+    async def deliver(
+        self, request: Request, context: RequestContext, *, query: InboxOutboundQuery
+    ) -> Response:
         """What the bot and staff wrote in the channel's conversations, for the adapter to deliver."""
-        channel = channels.authenticate(
-            context.params.get("channel"), _bearer(request, ChannelUnauthorizedError)
-        )
-        found = await inbox.outbound(channel, after=query.after, limit=query.limit)
+        channel = _verified(request, "inbox_channel", InboxChannel)
+        found = await self.inbox.outbound(channel, after=query.after, limit=query.limit)
         return json_response(
             InboxOutboundList(
                 messages=[
@@ -237,44 +274,51 @@ def inbox_routes(
         )
 
     @operation(body=InboxWidgetOpen, body_required=False, responses={201: InboxWidgetSession}, errors=(404,))
-    async def open_widget(request: Request, context: RequestContext, *, body: InboxWidgetOpen) -> Response:
+    async def open_widget(
+        self, request: Request, context: RequestContext, *, body: InboxWidgetOpen
+    ) -> Response:
         """Open a conversation for a new visitor and sign its contact token."""
-        if widget_tenant is None:
+        if self.widget_tenant is None:
             raise NotFoundError()
-        contact = await inbox.open_widget_conversation(
-            widget_tenant, contact_id=f"visitor-{secrets.token_hex(12)}", contact_name=body.name
+        contact = await self.inbox.open_widget_conversation(
+            self.widget_tenant, contact_id=f"visitor-{secrets.token_hex(12)}", contact_name=body.name
         )
-        session = InboxWidgetSession(token=tokens.issue(contact), conversation_id=contact.conversation_id)
+        session = InboxWidgetSession(
+            token=self.tokens.issue(contact), conversation_id=contact.conversation_id
+        )
         return json_response(session, status_code=201)
 
     @operation(responses={200: InboxWidgetConversation}, errors=(401, 404))
-    async def widget_messages(request: Request, context: RequestContext) -> Response:
+    async def widget_messages(self, request: Request, context: RequestContext) -> Response:
         """The contact's conversation."""
-        mode, messages = await inbox.contact_messages(_contact(request, tokens))
+        contact = _verified(request, "inbox_contact", ContactPrincipal)
+        mode, messages = await self.inbox.contact_messages(contact)
         return json_response(InboxWidgetConversation(bot_mode=mode, messages=[_message(m) for m in messages]))
 
     @operation(body=InboxSendBody, responses={200: InboxSentOut}, errors=(401, 404))
-    async def widget_send(request: Request, context: RequestContext, *, body: InboxSendBody) -> Response:
+    async def widget_send(
+        self, request: Request, context: RequestContext, *, body: InboxSendBody
+    ) -> Response:
         """The contact's message; the bot answers it while the conversation is in bot mode."""
-        sent = await inbox.send_as_contact(
-            _contact(request, tokens),
+        sent = await self.inbox.send_as_contact(
+            _verified(request, "inbox_contact", ContactPrincipal),
             body.text,
             client_message_id=body.client_message_id or secrets.token_hex(16),
         )
         return json_response(InboxSentOut(message_id=sent.message_id, duplicate=sent.duplicate))
 
     @operation(responses={200: InboxConversationList}, errors=(403,))
-    async def list_conversations(request: Request, context: RequestContext) -> Response:
+    async def list_conversations(self, request: Request, context: RequestContext) -> Response:
         """The caller's tenant's inbox."""
-        listed = await inbox.list_conversations(_staff(context))
+        listed = await self.inbox.list_conversations(self._staff(context))
         return json_response(InboxConversationList(conversations=[_conversation(c) for c in listed]))
 
     @operation(responses={200: InboxConversationDetail}, errors=(400, 403, 404))
-    async def get_conversation(request: Request, context: RequestContext) -> Response:
+    async def get_conversation(self, request: Request, context: RequestContext) -> Response:
         """One conversation of the caller's tenant, with its messages."""
-        staff, conversation_id = _staff(context), str(context.params.get("conversation_id"))
-        conversation = await inbox.get_conversation(staff, conversation_id)
-        messages = await inbox.list_messages(staff, conversation_id)
+        staff, conversation_id = self._staff(context), str(context.params.get("conversation_id"))
+        conversation = await self.inbox.get_conversation(staff, conversation_id)
+        messages = await self.inbox.list_messages(staff, conversation_id)
         return json_response(
             InboxConversationDetail(
                 conversation=_conversation(conversation), messages=[_message(m) for m in messages]
@@ -282,60 +326,31 @@ def inbox_routes(
         )
 
     @operation(body=InboxModeBody, responses={200: InboxConversationOut}, errors=(403, 404))
-    async def set_mode(request: Request, context: RequestContext, *, body: InboxModeBody) -> Response:
+    async def set_mode(self, request: Request, context: RequestContext, *, body: InboxModeBody) -> Response:
         """Take the conversation over, or hand it back to the bot."""
-        conversation = await inbox.set_bot_mode(
-            _staff(context), str(context.params.get("conversation_id")), body.bot_mode
+        conversation = await self.inbox.set_bot_mode(
+            self._staff(context), str(context.params.get("conversation_id")), body.bot_mode
         )
         return json_response(_conversation(conversation))
 
     @operation(body=InboxSendBody, responses={201: InboxMessageOut}, errors=(403, 404))
-    async def reply(request: Request, context: RequestContext, *, body: InboxSendBody) -> Response:
+    async def reply(self, request: Request, context: RequestContext, *, body: InboxSendBody) -> Response:
         """Reply as staff."""
-        message = await inbox.reply_as_staff(
-            _staff(context),
+        message = await self.inbox.reply_as_staff(
+            self._staff(context),
             str(context.params.get("conversation_id")),
             body.text,
             client_message_id=body.client_message_id,
         )
         return json_response(_message(message), status_code=201)
 
-    conversation = f"{prefix}/conversations/{{conversation_id}}"
-    return [
-        Route(
-            method="POST",
-            path=f"{prefix}/channels/{{channel}}/messages",
-            auth="none",
-            handler=receive,
-            authorize=channel_secret,
-        ),
-        Route(
-            method="GET",
-            path=f"{prefix}/channels/{{channel}}/messages",
-            auth="none",
-            handler=deliver,
-            authorize=channel_secret,
-        ),
-        Route(method="POST", path=f"{prefix}/widget/conversations", auth="none", handler=open_widget),
-        Route(
-            method="GET",
-            path=f"{prefix}/widget/messages",
-            auth="none",
-            handler=widget_messages,
-            authorize=contact_token,
-        ),
-        Route(
-            method="POST",
-            path=f"{prefix}/widget/messages",
-            auth="none",
-            handler=widget_send,
-            authorize=contact_token,
-        ),
-        Route(method="GET", path=f"{prefix}/conversations", auth="user", handler=list_conversations),
-        Route(method="GET", path=conversation, auth="user", handler=get_conversation),
-        Route(method="PUT", path=f"{conversation}/mode", auth="user", handler=set_mode),
-        Route(method="POST", path=f"{conversation}/messages", auth="user", handler=reply),
-    ]
+
+def _verified(request: Request, key: str, kind: type[VerifiedT]) -> VerifiedT:
+    """What the route's `authorize` hook verified, kept on the request for its handler."""
+    value = getattr(request.state, key, None)
+    if not isinstance(value, kind):
+        raise RuntimeError(f"An inbox route ran without the authorize hook that sets {key}.")
+    return value
 
 
 def _bearer(request: Request, error: type[ChannelUnauthorizedError] | type[ContactTokenError]) -> str:
@@ -343,10 +358,6 @@ def _bearer(request: Request, error: type[ChannelUnauthorizedError] | type[Conta
         return bearer_token(request.headers.get("authorization"))
     except AuthenticationError:
         raise error() from None
-
-
-def _contact(request: Request, tokens: ContactTokens) -> ContactPrincipal:
-    return tokens.verify(_bearer(request, ContactTokenError))
 
 
 def _message(message: InboxMessage) -> InboxMessageOut:
@@ -360,13 +371,4 @@ def _message(message: InboxMessage) -> InboxMessageOut:
 
 
 def _conversation(conversation: InboxConversation) -> InboxConversationOut:
-    return InboxConversationOut(
-        id=conversation.id,
-        contact_name=conversation.contact_name,
-        channel=conversation.channel,
-        bot_mode=conversation.bot_mode,
-        handoff_reason=conversation.handoff_reason,
-        preview=conversation.preview,
-        last_message_at=conversation.last_message_at,
-        created_at=conversation.created_at,
-    )
+    return InboxConversationOut.model_validate(conversation, from_attributes=True)

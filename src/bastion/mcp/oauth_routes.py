@@ -16,7 +16,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from bastion.api import StrictModel, json_response, operation
-from bastion.auth import Principal
 from bastion.mcp.oauth import ConnectionStatus, McpOAuth
 from bastion.worker import RequestContext, Route
 
@@ -60,7 +59,7 @@ def oauth_connection_routes(oauth: McpOAuth, *, prefix: str = "/api/connections"
     @operation(responses={200: ConnectionList})
     async def list_connections(request: Request, context: RequestContext) -> Response:
         """The caller's OAuth connections: connected, not connected or expired, scopes, since when."""
-        statuses = await oauth.connections(_principal(context))
+        statuses = await oauth.connections(context.require_principal())
         return json_response(ConnectionList(connections=[_out(status) for status in statuses]))
 
     @operation(
@@ -69,7 +68,7 @@ def oauth_connection_routes(oauth: McpOAuth, *, prefix: str = "/api/connections"
     async def authorize(request: Request, context: RequestContext, *, body: AuthorizeIn) -> Response:
         """Start the caller's sign-in at the connection's server: the URL to send the browser to."""
         url = await oauth.start(
-            _principal(context),
+            context.require_principal(),
             str(context.params.get("name")),
             conversation_id=body.conversation_id,
             tool_call_id=body.tool_call_id,
@@ -79,17 +78,15 @@ def oauth_connection_routes(oauth: McpOAuth, *, prefix: str = "/api/connections"
     @operation(body=CallbackIn, responses={200: ConnectionOut}, errors=(400, 404))
     async def callback(request: Request, context: RequestContext, *, body: CallbackIn) -> Response:
         """Finish the caller's sign-in with what the server sent back; refused ones store nothing."""
-        name = str(context.params.get("name"))
-        await oauth.complete(
-            _principal(context), name, state=body.state, code=body.code, error=body.error, iss=body.iss
-        )
-        statuses = {status.name: status for status in await oauth.connections(_principal(context))}
+        name, user = str(context.params.get("name")), context.require_principal()
+        await oauth.complete(user, name, state=body.state, code=body.code, error=body.error, iss=body.iss)
+        statuses = {status.name: status for status in await oauth.connections(user)}
         return json_response(_out(statuses[name]))
 
     @operation(responses={204: None}, errors=(404,))
     async def disconnect(request: Request, context: RequestContext) -> Response:
         """Forget the caller's tokens for the connection, revoking them at the server when it can."""
-        await oauth.disconnect(_principal(context), str(context.params.get("name")))
+        await oauth.disconnect(context.require_principal(), str(context.params.get("name")))
         return Response(status_code=204)
 
     return [
@@ -98,12 +95,6 @@ def oauth_connection_routes(oauth: McpOAuth, *, prefix: str = "/api/connections"
         Route(method="POST", path=f"{prefix}/{{name}}/oauth/callback", auth="user", handler=callback),
         Route(method="DELETE", path=f"{prefix}/{{name}}/oauth", auth="user", handler=disconnect),
     ]
-
-
-def _principal(context: RequestContext) -> Principal:
-    if context.principal is None:  # user routes always have one; fail closed if that ever changes
-        raise RuntimeError("An OAuth connection route ran without a signed-in user.")
-    return context.principal
 
 
 def _out(status: ConnectionStatus) -> ConnectionOut:

@@ -26,7 +26,7 @@ from bastion.stores._migrations import (
     apply_migrations,
     available_migrations,
 )
-from bastion.stores._turns import check_storable_message
+from bastion.stores._turn_persistence import check_storable_message
 from bastion.stores.entities import (
     Conversation,
     Feedback,

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Final
 
-from bastion.stores._turns import check_title
+from bastion.stores._turn_persistence import check_title
 from bastion.stores.entities import Conversation, check_text
 from bastion.stores.errors import InvalidInputError
 from bastion.stores.filters import CheckedFilter, InvalidFilterError, from_microseconds, microseconds

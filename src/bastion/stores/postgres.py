@@ -47,13 +47,13 @@ from bastion.stores._postgres_connection import (
     database_errors,
     single_value,
 )
-from bastion.stores._postgres_turns import PostgresAgentPersistence
+from bastion.stores._postgres_turn_persistence import PostgresAgentPersistence
 from bastion.stores._tail_cache import (
     DEFAULT_MAX_BYTES,
     TailCache,
     tail_key,
 )
-from bastion.stores._turns import (
+from bastion.stores._turn_persistence import (
     check_title,
 )
 from bastion.stores.entities import (

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 import psycopg
 from psycopg.types.json import Jsonb
 
-from bastion.stores._turns import recordable
+from bastion.stores._turn_persistence import recordable
 from bastion.stores.checkpoints import TurnCheckpoints
 from bastion.stores.entities import StoreIdentity, parse_uuid
 from bastion.stores.errors import NotFoundError

@@ -7,9 +7,9 @@ conversation give the same `NotFoundError`, and messages, runs, events and tool 
 through the turn protocol of `SqliteAgentPersistence`.
 
 This module is the store and its entity API (conversations, messages, feedback, events). The turn
-protocol is `bastion.stores._sqlite_turns`, every named statement `bastion.stores._sqlite_statements`,
-and the one connection on its own thread, with its transactions and migrations,
-`bastion.stores._sqlite_connection`.
+protocol is `bastion.stores._sqlite_turn_persistence`, every named statement
+`bastion.stores._sqlite_statements`, and the one connection on its own thread, with its transactions
+and migrations, `bastion.stores._sqlite_connection`.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ from bastion.stores._sqlite_statements import (
     scope,
     stored_time,
 )
-from bastion.stores._sqlite_turns import LIVE_WORKERS, SqliteAgentPersistence
-from bastion.stores._turns import check_title
+from bastion.stores._sqlite_turn_persistence import LIVE_WORKERS, SqliteAgentPersistence
+from bastion.stores._turn_persistence import check_title
 from bastion.stores.entities import (
     MAX_COMMENT,
     Conversation,

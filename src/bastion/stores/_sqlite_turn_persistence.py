@@ -44,7 +44,7 @@ from bastion.stores._sqlite_statements import (
     microseconds_now,
     scope,
 )
-from bastion.stores._turns import (
+from bastion.stores._turn_persistence import (
     CheckedOperation,
     TurnPersistence,
     approval_request_events,

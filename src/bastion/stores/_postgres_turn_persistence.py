@@ -41,7 +41,7 @@ from bastion.stores._tail_cache import (
     loaded_tail,
     tail_key,
 )
-from bastion.stores._turns import (
+from bastion.stores._turn_persistence import (
     CheckedOperation,
     HistoryWrites,
     TurnPersistence,
