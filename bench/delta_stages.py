@@ -3,14 +3,21 @@
 1. model event → UI chunk: bastion's loop over the scripted pydantic-ai `FunctionModel` (the model's
    own generator included), from (CPU of a 200-word turn − CPU of a 20-word turn) / 180, watching a
    cancel event as both routes do (the request's, or the stop signal's), and without one;
-2. wire JSON: `to_client_json(chunk)` (the bytes the client gets and the parsed chunk);
-3. assembly: `UIMessageAssembler.apply(parsed)` (validation, then the saved message's text);
+2. wire JSON: the bytes the client gets, as the route makes them: `text_delta_json(chunk)` from the
+   delta's two strings (where bastion has it), else `to_client_json(chunk)` (encode, then parse);
+3. assembly: the saved message's text, as the route applies a delta: `apply_text_delta(id, delta)`
+   (where bastion has it), else `UIMessageAssembler.apply(parsed)` (validation, then the text);
 4. log: `ChunkLog.add(parsed)`, then the log's write serializing its batches as psycopg's `Jsonb`
    does (`json.dumps` of the batch), at the batch sizes `--batches` gives (no database round trip);
 5. SSE bytes: the event's framing, `_EventChannel.send` and the join of a write's batch.
 
 Stages 2–5 run over the 200 text-delta chunks of a real turn, each stage alone, many times; medians.
 The hand-wired route pays 1, 2, 3 and 5; `chat_routes` adds 4.
+
+6. the whole stream route in process: `create_agent_stream_response` served as ASGI to a `send` that
+   keeps the bytes (no HTTP server, no database), without a log (the hand-wired turn) and with a
+   `ChunkLog` as `chat_routes` uses it (carried: written by the turn's close), from
+   (CPU₂₀₀ − CPU₂₀) / 180, with the body writes per turn. Ratios are to stage 1a measured in the run.
 
     bench/.venv/bin/python -m bench.delta_stages [--turns 30] [--batches 12]
 """
@@ -25,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bastion import _client_json
 from bastion._ui_assembly import UIMessageAssembler, to_client_json
 from bastion.auth import Principal
 from bastion.chat.stream_response import _EventChannel
@@ -89,6 +97,44 @@ async def _model_stream_ns(model: Any, words: int) -> int:
     return time.thread_time_ns() - started
 
 
+async def _route_turn(agent: Any, model: Any, words: int, *, logged: bool) -> tuple[int, int]:
+    """CPU ns of one turn served as the UI message stream to an in-memory ASGI `send`, and its writes."""
+    from bastion.chat.stream_response import create_agent_stream_response
+
+    started = time.thread_time_ns()
+    cancel = asyncio.Event()
+    session = await agent.prepare(context=_principal(), cancel=cancel)
+    messages = [user_message(words)]
+    result = await session.stream(model=model, messages=messages)
+    log: ChunkLog | None = None
+    if logged:
+
+        async def sink(batch: ChunkBatch) -> bool:
+            json.dumps(list(batch.chunks))
+            return False
+
+        log = ChunkLog(sink, interval=3600)
+        log.carried = True
+    response = create_agent_stream_response(result, original_messages=messages, log=log)
+    writes = 0
+    done = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal writes
+        if message["type"] == "http.response.body":
+            writes += 1
+            if not message.get("more_body"):
+                done.set()
+
+    await response({"type": "http"}, receive, send)
+    await session.close()
+    return time.thread_time_ns() - started, writes
+
+
 def _per_delta(run: Callable[[], None], deltas: int, repeat: int) -> float:
     """Median CPU µs per delta of `run()` (which handles `deltas` deltas)."""
     samples = []
@@ -126,17 +172,24 @@ async def measure(turns: int, batches: int) -> list[str]:
     wires = [to_client_json(chunk)[0] for chunk in deltas]
     prefix = [chunk for chunk in chunks if chunk["type"] != "text-delta"][:8]
 
+    direct = getattr(_client_json, "text_delta_json", None)  # absent before text deltas had it
+
     def wire_json() -> None:
         for chunk in deltas:
-            to_client_json(chunk)
+            if direct is None or direct(chunk) is None:
+                to_client_json(chunk)
 
     def assembly() -> None:
         assembler = UIMessageAssembler({"id": "m", "role": "assistant", "parts": []})
         for chunk in prefix:  # the tool call and the text part's start, as in a turn
             assembler.apply(to_client_json(chunk)[1])
+        text_delta = getattr(assembler, "apply_text_delta", None)
         started = time.thread_time_ns()
         for chunk in parsed:
-            assembler.apply(chunk)
+            if text_delta is None:
+                assembler.apply(chunk)
+            else:
+                text_delta(chunk["id"], chunk["delta"])
         assembly.spent += time.thread_time_ns() - started  # type: ignore[attr-defined]
 
     assembly.spent = 0  # type: ignore[attr-defined]
@@ -170,19 +223,34 @@ async def measure(turns: int, batches: int) -> list[str]:
                 b"".join(channel._pending)
                 channel._pending.clear()
 
+    routes: dict[str, tuple[float, float]] = {}
+    for label, logged in (("hand-wired (no log)", False), ("`chat_routes` (carried ChunkLog)", True)):
+        for _ in range(3):
+            await _route_turn(agent, model, WORDS, logged=logged)
+        long_runs = [await _route_turn(agent, model, WORDS, logged=logged) for _ in range(turns)]
+        short_runs = [await _route_turn(agent, model, SHORT, logged=logged) for _ in range(turns)]
+        per_delta = (
+            (statistics.median(ns for ns, _ in long_runs) - statistics.median(ns for ns, _ in short_runs))
+            / 1000
+            / (WORDS - SHORT)
+        )
+        routes[label] = (per_delta, statistics.median(writes for _, writes in long_runs))
+
     repeat = 200
     figures = {
         "1. model event → UI chunk (loop + scripted model), with a cancel event watched": watched_us,
         "1b. of which without a cancel event (`cancel=None`)": loop_us,
         "1a. of which pydantic-ai's model stream alone (scripted model → events)": model_us,
-        "2. wire JSON (to_client_json)": _per_delta(wire_json, len(deltas), repeat),
+        "2. wire JSON (text_delta_json, else to_client_json)": _per_delta(wire_json, len(deltas), repeat),
     }
     assembly_samples = []
     for _ in range(repeat):
         assembly.spent = 0  # type: ignore[attr-defined]
         assembly()
         assembly_samples.append(assembly.spent / 1000 / len(parsed))  # type: ignore[attr-defined]
-    figures["3. assembly (UIMessageAssembler.apply)"] = statistics.median(assembly_samples)
+    figures["3. assembly (apply_text_delta, else UIMessageAssembler.apply)"] = statistics.median(
+        assembly_samples
+    )
     figures["4a. log: ChunkLog.add"] = _per_delta(log_add, len(parsed), repeat)
     figures[f"4b. log: batch serialized for Jsonb ({len(groups)} batches)"] = _per_delta(
         log_serialize, len(parsed), repeat
@@ -201,6 +269,18 @@ async def measure(turns: int, batches: int) -> list[str]:
     lines += [
         f"| hand-wired route (1+2+3+5) | {hand:.1f} |",
         f"| `chat_routes` (1+2+3+4+5) | {hand + sum(v for k, v in figures.items() if k[0] == '4'):.1f} |",
+    ]
+    lines += [
+        "",
+        f"The whole stream route in process, per text delta (ratio to 1a, pydantic-ai's model stream alone, "
+        f"{model_us:.1f} µs in this run)",
+        "",
+        "| route | µs per delta | ÷ 1a | body writes per 200-word turn |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {label} | {us:.1f} | {us / model_us:.2f} | {writes:.0f} |"
+        for label, (us, writes) in routes.items()
     ]
     return lines
 

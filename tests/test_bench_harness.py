@@ -380,7 +380,8 @@ def test_the_delta_stages_add_up_for_both_routes() -> None:
     from bench import delta_stages
 
     lines = asyncio.run(delta_stages.measure(turns=2, batches=4))
-    figures = {line.split(" | ")[0][2:]: float(line.split(" | ")[1].rstrip(" |")) for line in lines[4:]}
+    stages = lines[4 : lines.index("", 4)]
+    figures = {line.split(" | ")[0][2:]: float(line.split(" | ")[1].rstrip(" |")) for line in stages}
     # The form, never the values: a stage measured as a difference of two medians can come out below
     # zero on a busy machine, and each figure is rounded to 0.1 µs before it is summed.
     assert len(figures) == 10 and all(math.isfinite(value) for value in figures.values())
@@ -388,6 +389,11 @@ def test_the_delta_stages_add_up_for_both_routes() -> None:
         value for label, value in figures.items() if label[0] in "12345" and label[:2] not in ("1a", "1b")
     ]
     assert figures["`chat_routes` (1+2+3+4+5)"] == pytest.approx(sum(parts), abs=0.05 * (len(parts) + 1))
+    # The whole route in process, with and without the log: µs per delta, its ratio, writes per turn.
+    routes = [line.split(" | ") for line in lines if line.startswith("| hand-wired (no log)")]
+    routes += [line.split(" | ") for line in lines if line.startswith("| `chat_routes` (carried")]
+    assert len(routes) == 2
+    assert all(math.isfinite(float(row[1])) and float(row[3].rstrip(" |")) >= 1 for row in routes)
 
 
 def test_conversations_can_be_limited_to_some_concurrencies() -> None:

@@ -188,9 +188,9 @@ async def test_a_durable_turn_adds_its_workflows_row_and_its_mark_not_a_round_tr
     plain, _ = await round_trips_per_turn(migrated_database, durable=False)
     store, workflow = await round_trips_per_turn(migrated_database, durable=True)
     print(f"round trips per turn: {plain:g} without durability, {store:g} + {workflow:g} (DBOS) durable")
-    # A new conversation's turn: its creation, its claim (two), its tool's claim and its close, which
-    # carry its stream log: no log write of its own (as many trips as a turn wired by hand).
-    assert plain == 5
+    # A new conversation's turn: its creation with its claim (one pipelined transaction), its tool's
+    # claim and its close, which carry its stream log: no log write of its own.
+    assert plain == 3
     # The first model request's checkpoint rides the tool's claim. Durability adds three writes: the
     # log's durable mark, written as soon as the workflow exists, and each step's end, which stores
     # what the step finished at once (the tool's result, the last request) rather than at the close.

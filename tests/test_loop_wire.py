@@ -395,6 +395,53 @@ async def test_watching_a_cancel_signal_reads_a_models_events_in_one_task_not_on
     assert len(set(readers)) == 1
 
 
+async def test_watching_a_cancel_signal_reads_the_models_events_in_the_task_that_iterates() -> None:
+    from bastion._cancel import until_cancelled as _until_cancelled
+
+    readers: list[asyncio.Task[Any] | None] = []
+
+    async def events() -> AsyncIterator[Any]:
+        for index in range(3):
+            readers.append(asyncio.current_task())
+            yield index
+
+    cancel = asyncio.Event()
+    assert [event async for event in _until_cancelled(events(), cancel)] == [0, 1, 2]  # type: ignore[arg-type]
+    assert readers == [asyncio.current_task()] * 3
+
+
+async def test_a_cancel_signal_that_interrupts_a_silent_model_leaves_the_reading_task_uncancelled() -> None:
+    from bastion._cancel import until_cancelled as _until_cancelled
+
+    waiting = asyncio.Event()
+    interrupted: list[bool] = []
+
+    async def events() -> AsyncIterator[Any]:
+        yield "first"
+        waiting.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            interrupted.append(True)
+            raise
+        yield "never"
+
+    cancel = asyncio.Event()
+
+    async def read() -> tuple[list[Any], int]:
+        seen = [event async for event in _until_cancelled(events(), cancel)]  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # a cancellation left pending would raise here
+        task = asyncio.current_task()
+        assert task is not None
+        return seen, task.cancelling()
+
+    reader = asyncio.ensure_future(read())
+    await waiting.wait()
+    cancel.set()
+    assert await reader == (["first", None], 0)
+    assert interrupted == [True]
+
+
 async def test_a_set_cancel_signal_ends_the_models_events_without_reading_them() -> None:
     from bastion._cancel import until_cancelled as _until_cancelled
 

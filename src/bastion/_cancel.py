@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
@@ -49,8 +48,9 @@ async def until_cancelled(
 ) -> AsyncIterator[EventT | None]:
     """The model's events, then None once `cancel` is set, even while the model is between tokens.
 
-    One task reads the model for the whole request and hands its events over through a buffer, so
-    watching `cancel` costs a check per event, not a task and a wait of its own.
+    The events are read in the task that iterates, so an event costs a flag and a check: `cancel`
+    interrupts the read only when it is set while this task waits for the model (it cancels the
+    task there, and takes that cancellation back); set at any other time, the next check sees it.
     """
     if cancel is None:
         async for event in events:
@@ -59,48 +59,44 @@ async def until_cancelled(
     if cancel.is_set():
         yield None
         return
-    buffer: deque[EventT] = deque()
-    ready = asyncio.Event()
-    ended: list[BaseException | None] = []
+    task = asyncio.current_task()
+    assert task is not None
+    reading = False
+    interrupted = False
 
-    async def read() -> None:
-        try:
-            async for event in events:
-                buffer.append(event)
-                ready.set()
-        except BaseException as error:
-            ended.append(error)
-            if isinstance(error, asyncio.CancelledError):
-                raise
-        else:
-            ended.append(None)
-        finally:
-            ready.set()
+    def interrupt() -> None:
+        nonlocal interrupted
+        if reading and not interrupted:
+            interrupted = True
+            task.cancel()
 
-    reader = asyncio.ensure_future(read())
     watcher = asyncio.ensure_future(cancel.wait())
-    watcher.add_done_callback(lambda _: ready.set())
+    watcher.add_done_callback(lambda _: interrupt())
+    iterator = aiter(events)
     try:
         while True:
-            if cancel.is_set():
-                if not reader.done():
-                    reader.cancel()
-                    await asyncio.gather(reader, return_exceptions=True)
+            reading = True
+            try:
+                event = await anext(iterator)
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if not interrupted or task.uncancel() > 0:
+                    raise  # cancelled from outside too
                 yield None
                 return
-            if buffer:
-                yield buffer.popleft()
-            elif ended:
-                if ended[0] is not None:
-                    raise ended[0]
+            finally:
+                reading = False
+            if interrupted:  # set while the model's read was ending: it is not cancelled
+                task.uncancel()
+                yield None
                 return
-            else:
-                ready.clear()
-                await ready.wait()
+            if cancel.is_set():
+                yield None
+                return
+            yield event
     finally:
         watcher.cancel()
-        if not reader.done():
-            reader.cancel()  # the reader itself was cancelled while it waited for the model
 
 
 def this_task_is_cancelled() -> bool:

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any, Final
 
-__all__ = ["ABSENT", "parse_client_json", "to_client_json"]
+__all__ = ["ABSENT", "parse_client_json", "text_delta_json", "to_client_json"]
 
 
 class _Absent:
@@ -64,6 +64,34 @@ def to_client_json(value: Any) -> tuple[bytes, Any]:
     if type(value) is dict and all(type(item) is str for item in value.values()):
         return wire, value
     return wire, parse_client_json(text)
+
+
+_encode_string = json.encoder.encode_basestring  # what `_encode` writes for a string
+_TEXT_DELTA_START: Final = b'{"type":"text-delta","id":'
+_TEXT_DELTA_KEYS: Final = ("type", "id", "delta")
+
+
+def text_delta_json(chunk: dict[str, Any]) -> bytes | None:
+    """The wire JSON of a plain text delta (`type`, `id` and `delta`, in that order, as bastion's loop
+    makes it), from its two strings: what `to_client_json(chunk)[0]` gives, without encoding the dict.
+    The chunk reads back as itself. None for any other chunk, or text `to_client_json` would replace."""
+    if tuple(chunk) != _TEXT_DELTA_KEYS or chunk["type"] != "text-delta":
+        return None
+    part_id, delta = chunk.get("id"), chunk.get("delta")
+    if type(part_id) is not str or type(delta) is not str or "\x00" in delta or "\x00" in part_id:
+        return None
+    try:
+        return b"".join(
+            (
+                _TEXT_DELTA_START,
+                _encode_string(part_id).encode(),
+                b',"delta":',
+                _encode_string(delta).encode(),
+                b"}",
+            )
+        )
+    except UnicodeEncodeError:  # a lone surrogate
+        return None
 
 
 def _utf8(text: str) -> bytes | None:

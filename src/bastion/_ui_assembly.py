@@ -119,6 +119,14 @@ class UIMessageAssembler:
             self._parse_streamed_input(chunk["toolCallId"])
         self._handlers[chunk["type"]](self, chunk)
 
+    def apply_text_delta(self, part_id: str, delta: str) -> None:
+        """Apply a text delta given as its two strings (checked by the caller): the same as `apply` of
+        `{"type": "text-delta", "id": part_id, "delta": delta}`, without checking the chunk's shape."""
+        part = self._active_text.get(part_id)
+        if part is None:
+            raise InvalidUIMessageChunkError("'text-delta' for a part that was not started.")
+        part["text"] += delta
+
     def _current_step(self) -> list[UIPart]:
         parts = self._parts
         for index in range(len(parts) - 1, -1, -1):

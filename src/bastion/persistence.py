@@ -226,3 +226,28 @@ async def start_agent_run(
     with span("bastion.store.start_run", {"bastion.run.trigger": str(trigger)}):
         start = await persistence.start_run(context, RunInput(messages=messages, trigger=trigger))
     return AgentRun(persistence=persistence, context=context, start=start)
+
+
+async def start_new_conversation_run(
+    *,
+    persistence: AgentPersistence[Context, State],
+    context: Context,
+    messages: Sequence[Any],
+    trigger: str,
+    title: str | None,
+    agent_name: str | None,
+) -> AgentRun[Context, State] | None:
+    """Create the conversation `messages` start and claim its turn at once, where `persistence` can
+    (a `start_new_conversation_run` method: Postgres does both in one round trip). None when it
+    cannot or the conversation's id is taken: nothing is written, and the caller creates and claims
+    the usual way."""
+    start_new = getattr(persistence, "start_new_conversation_run", None)
+    if start_new is None:
+        return None
+    with span("bastion.store.start_run", {"bastion.run.trigger": str(trigger)}):
+        start = await start_new(
+            context, RunInput(messages=messages, trigger=trigger), title=title, agent_name=agent_name
+        )
+    if start is None:
+        return None
+    return AgentRun(persistence=persistence, context=context, start=start)

@@ -43,7 +43,7 @@ from bastion.chat.turn import ChatTurn, DurableTurnHooks
 from bastion.chat.turn_lifecycle import TurnLifecycle
 from bastion.drain import Drain
 from bastion.history import AgentHistoryConflictError, AgentMessagesInvalidError, reconcile_agent_messages
-from bastion.persistence import AgentPersistence, AgentRun, start_agent_run
+from bastion.persistence import AgentPersistence, AgentRun, start_agent_run, start_new_conversation_run
 from bastion.stores._turn_persistence import check_storable_message
 from bastion.stores.entities import StoreIdentity, TurnContext, TurnState, title_from_text
 from bastion.stores.errors import InvalidInputError, NotFoundError
@@ -373,6 +373,16 @@ class ChatEndpoint(Generic[ContextT]):
         if self.create_conversations and len(body.messages) == 1:
             first = await _starting_message(body)
             if first is not None:
+                run = await start_new_conversation_run(
+                    persistence=self.persistence,
+                    context=turn,
+                    messages=body.messages,
+                    trigger=body.trigger,
+                    title=title_from([first]),
+                    agent_name=self.agent.name,
+                )
+                if run is not None:  # created and claimed at once (one round trip on Postgres)
+                    return run
                 await self._create(turn, first)
         try:
             return await self._claim(turn, body)

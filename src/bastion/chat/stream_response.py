@@ -19,6 +19,7 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from bastion._client_json import text_delta_json
 from bastion._loop import AgentStreamResult
 from bastion._ui_assembly import UIMessageAssembler, to_client_json
 from bastion._ui_chunks import UIMessage
@@ -56,6 +57,8 @@ StreamStatus = Literal["completed", "failed", "cancelled"]
 _FINISH_REASONS: Final = frozenset({"stop", "length", "content-filter", "tool-calls", "error", "other"})
 _DONE: Final = b"data: [DONE]\n\n"
 _ID_ALPHABET: Final = string.ascii_letters + string.digits
+# At most this many turns of the event loop gather one write's events (see `_EventChannel._gather`).
+_GATHER_TURNS: Final = 32
 
 
 class StreamLog(Protocol):
@@ -253,8 +256,13 @@ class _Turn:
         iterator = aiter(self._result)
         try:
             async for chunk in iterator:
-                wire, parsed = to_client_json(chunk)
-                self._assembler.apply(parsed)
+                wire = text_delta_json(chunk)
+                if wire is None:
+                    wire, parsed = to_client_json(chunk)
+                    self._assembler.apply(parsed)
+                else:  # a plain text delta, the most frequent chunk: its two strings are all it holds
+                    parsed = chunk
+                    self._assembler.apply_text_delta(chunk["id"], chunk["delta"])
                 self._send(b"data: " + wire + b"\n\n")
                 if self._chunk_log is not None:
                     self._chunk_log.add(parsed, wire)
@@ -433,9 +441,17 @@ class _EventChannel:
             else:
                 self._ready.clear()
                 await self._ready.wait()
-                # One more turn of the event loop lets a fast producer add to the batch: one write
-                # then carries several chunks, at a delay of microseconds.
-                await asyncio.sleep(0)
+                await self._gather()
+
+    async def _gather(self) -> None:
+        """Let the event loop turn while each turn brings more events (a producer faster than the
+        wire: a scripted or cached reply), up to `_GATHER_TURNS`: one write then carries many chunks.
+        A producer that waits between tokens (a model over the network) costs one turn, microseconds."""
+        for _ in range(_GATHER_TURNS):
+            held = len(self._pending)
+            await asyncio.sleep(0)
+            if len(self._pending) == held or self._closed:
+                return
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:

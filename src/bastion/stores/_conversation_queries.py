@@ -97,14 +97,18 @@ def postgres_select(schema: ConversationSchema[Any]) -> str:
     return ", ".join(["id::text", *(_quoted(name) for name in (*_BASTION_COLUMNS, *schema.columns))])
 
 
-def postgres_insert(schema: ConversationSchema[Any], values: Mapping[str, Any]) -> str:
-    """Insert the given columns only, so the others keep their defaults (owner, tenant, times)."""
+def postgres_insert(
+    schema: ConversationSchema[Any], values: Mapping[str, Any], *, if_absent: bool = False
+) -> str:
+    """Insert the given columns only, so the others keep their defaults (owner, tenant, times).
+    `if_absent`: an id that is taken (whoever's it is) inserts and returns nothing, and fails nothing."""
     names = ", ".join(_quoted(name) for name in ("id", *values))
     placeholders = ["coalesce(%(id)s::uuid, gen_random_uuid())"]
     placeholders += [f"%({name})s::jsonb" if name == "state" else f"%({name})s" for name in values]
+    conflict = "on conflict (id) do nothing " if if_absent else ""
     return (
         f"insert into bastion.conversations ({names}) values ({', '.join(placeholders)}) "
-        f"returning {postgres_select(schema)}"
+        f"{conflict}returning {postgres_select(schema)}"
     )
 
 

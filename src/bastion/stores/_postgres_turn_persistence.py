@@ -90,6 +90,10 @@ class PostgresRunHost(Protocol):
 
     async def hold_worker_lock(self) -> int: ...
 
+    def conversation_insert(
+        self, conversation_id: str, *, title: str | None, agent_name: str | None
+    ) -> tuple[str, dict[str, Any]]: ...
+
 
 __all__ = ["PostgresAgentPersistence"]
 
@@ -237,6 +241,55 @@ class PostgresAgentPersistence(TurnPersistence):
                 if start is not None:
                     return start
             return await self._claim_after_load(context, input, key)
+        except BaseException:
+            self._tails.evict(key)
+            raise
+
+    async def start_new_conversation_run(
+        self, context: TurnContext, input: RunInput, *, title: str | None, agent_name: str | None
+    ) -> RunStart[TurnState] | None:
+        """Create the conversation a first message starts and claim its turn: one round trip (the
+        insert and `claim_new_turn` in one pipelined transaction). None, having written nothing, when
+        the id is taken (the caller's earlier request's, or anyone else's conversation) or the request
+        is not one a new conversation starts with: the caller then creates and claims as usual, which
+        answers as it always has (someone else's conversation is not found)."""
+        if context.expected_revision is not None:
+            return None
+        try:
+            history = await reconcile_agent_messages([], input.messages, trigger=input.trigger)
+        except AgentHistoryConflictError:
+            return None
+        plan = plan_history_writes([], history, last_seq=0)
+        if _answers_approvals(plan):
+            return None
+        key = tail_key(context.identity, context.conversation_id)
+        insert, values = self._store.conversation_insert(
+            context.conversation_id, title=title, agent_name=agent_name
+        )
+        run_id = str(uuid.uuid4())
+        events = [run_event(run_id, "started")]
+        await self._store.hold_worker_lock()
+        try:
+            with database_errors():
+                async with self._store.transaction(context.identity) as conn:
+                    await conn.execute(insert, values)
+                    cursor = await conn.execute(
+                        "select bastion.claim_new_turn(%s, %s, %s, %s, %s, %s, %s)",
+                        (
+                            context.conversation_id,
+                            run_id,
+                            context.request_id,
+                            self._store.worker_key,
+                            self._lease_seconds,
+                            Jsonb(plan.writes),
+                            Jsonb(events),
+                        ),
+                    )
+                claimed = single_value(await cursor.fetchone())
+            if claimed["outcome"] == "taken":
+                return None
+            base = loaded_tail(claimed["revision"] - 1, 0, [])
+            return self._claimed(key, run_id, base, plan, history, claimed)
         except BaseException:
             self._tails.evict(key)
             raise

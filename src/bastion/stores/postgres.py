@@ -336,6 +336,18 @@ class PostgresStore:
             raise InvalidInputError() from None
         return self._conversation(await cursor.fetchone())
 
+    def conversation_insert(
+        self, conversation_id: str, *, title: str | None, agent_name: str | None
+    ) -> tuple[str, dict[str, Any]]:
+        """The statement and parameters that create the conversation `conversation_id` for the caller,
+        as `create_conversation` does, unless its id is taken (then it inserts nothing)."""
+        values = new_conversation_values(
+            self.schema, title=title, agent_name=agent_name, state=None, columns=None
+        )
+        return postgres_insert(self.schema, values, if_absent=True), values | {
+            "id": parse_uuid(conversation_id)
+        }
+
     async def list_conversations(
         self, identity: StoreIdentity, *, limit: int = 50, filter: ConversationFilter | None = None
     ) -> list[Conversation[Any]]:
