@@ -378,6 +378,36 @@ async def test_a_durable_turns_checkpoints_ride_its_writes_and_a_zombie_cannot_w
             await store.close()
 
 
+async def test_a_durable_turns_model_request_no_tool_claim_stores_is_stored_when_the_next_one_starts(
+    migrated_database: MigratedDatabase, durable_engine: DurableEngine
+) -> None:
+    # The first request calls a tool the agent lacks, so pydantic-ai asks again with no tool claim
+    # between (and no tool result for a step boundary to store): the second request's start stores
+    # the first, so a process dying during the second does not have the first asked again.
+    project = Project()
+    conversation = str(uuid.uuid4())
+    gated = GatedModel(["Still"], [" here."], tool_call="missing_tool")
+    async with (
+        await PostgresStore.open(migrated_database.app_dsn, max_size=4) as store,
+        serve(store, gated, durable_engine, project) as url,
+        httpx2.AsyncClient(timeout=30) as http,
+    ):
+        body = {"id": conversation, "messages": [user_message("hi")], "trigger": "submit-message"}
+        headers = project.headers(str(uuid.uuid4()))
+        posted = asyncio.ensure_future(http.post(f"{url}/api/chat", json=body, headers=headers))
+        try:
+            await gated.waiting.wait()
+            [(run_id, _, _)] = runs(migrated_database, conversation)
+            stored = await until(lambda: stored_steps(migrated_database, run_id), 5)
+        finally:
+            gated.gate.set()
+        assert stored == [0]
+        response = await posted
+        assert response.status_code == 200 and chunks_of(response.text)[-1]["type"] == "finish"
+        # The last request rode the turn's close.
+        assert stored_steps(migrated_database, run_id) == [0, 1]
+
+
 class SaveRefused(PostgresAgentPersistence):
     """Postgres fails the turn's save (its completed outcome) once; settling it as failed works."""
 
