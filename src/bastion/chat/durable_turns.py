@@ -8,8 +8,8 @@ envelope that outlives a process: the workflow's row, dead executors found, thei
 
 - The fast path has no queue: the POST claims the run as before, the workflow's row is written
   while the turn is prepared, and the turn streams in the response's task once that row exists;
-  the workflow's body only waits for the turn to end. The stream log's next write then marks the
-  run durable.
+  the workflow's body only waits for the turn to end. Nothing marks the run durable: the store
+  counts a run live while its workflow waits for a take-over.
 - Model requests are not DBOS steps. A finished request's record (its response and the chunks it
   streamed) is stored by the run's next write that happens anyway, in the same transaction, keyed by
   (run, step): the claim of its first tool or the turn's close (a log batch when the next request
@@ -108,9 +108,10 @@ class DurableTurns:
         The workflow's row is written while the endpoint prepares the turn, and the turn streams
         once it exists, so a client never sees a turn that no process could take over. The
         workflow's body returns when the turn ended, however it ended (a save the database refused
-        included): a turn's workflow never stays pending while its process lives. The run is marked
-        durable by the stream log's next write; a process that died before its workflow existed
-        leaves a run that a newer turn replaces at once.
+        included): a turn's workflow never stays pending while its process lives. No write marks
+        the run durable: while its workflow waits for a take-over, the store counts the run live
+        (stores migration 0019); a process that died before its workflow existed leaves a run that
+        a newer turn replaces at once.
         """
         hooks = _TurnHooks(run, self._persistence.checkpoint(run.state))
         workflow_id = turn_workflow_id(turn.conversation_id, turn.run_id)
@@ -125,8 +126,6 @@ class DurableTurns:
             except Exception:
                 TURN_WORKFLOWS.detach(workflow_id)
                 logger.exception("Starting a durable turn failed; it runs without durability.")
-                return
-            hooks.mark_durable()
 
         async def runner(run_turn: Callable[[], Awaitable[None]]) -> None:
             try:
@@ -252,11 +251,6 @@ class _TurnHooks:
 
     def attach(self, log: ChunkLog | None) -> None:
         self._log = log
-
-    def mark_durable(self) -> None:
-        """The workflow exists: the run's stream log marks it durable with its next write."""
-        if self._log is not None:
-            self._log.mark_durable()
 
     def _store_pending(self) -> None:
         """A model request is asked while an earlier one waits unstored (no tool claim came between

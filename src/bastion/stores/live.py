@@ -323,7 +323,8 @@ class ChunkLog:
 
     def mark_durable(self) -> None:
         """The run's workflow exists: the next write marks the run durable too, so the mark costs
-        no transaction of its own (a write of no chunks carries it if nothing else comes)."""
+        no transaction of its own (a write of no chunks carries it if nothing else comes). Durable
+        chat turns no longer mark (their workflow's row keeps the run live: stores migration 0019)."""
         self._mark_durable = True
         self.check()
 
