@@ -442,6 +442,29 @@ async def test_a_cancel_signal_that_interrupts_a_silent_model_leaves_the_reading
     assert interrupted == [True]
 
 
+async def test_a_cancel_signal_set_while_the_reader_was_busy_elsewhere_ends_the_next_read_at_once() -> None:
+    from bastion._cancel import until_cancelled as _until_cancelled
+
+    async def events() -> AsyncIterator[Any]:
+        yield "first"
+        await asyncio.Event().wait()  # then silent
+        yield "never"
+
+    cancel = asyncio.Event()
+
+    async def read() -> list[Any]:
+        seen = []
+        async for event in _until_cancelled(events(), cancel):  # type: ignore[arg-type]
+            seen.append(event)
+            if event == "first":
+                cancel.set()
+                for _ in range(5):  # busy with something else while the signal is delivered
+                    await asyncio.sleep(0)
+        return seen
+
+    assert await asyncio.wait_for(read(), 10) == ["first", None]
+
+
 async def test_a_set_cancel_signal_ends_the_models_events_without_reading_them() -> None:
     from bastion._cancel import until_cancelled as _until_cancelled
 

@@ -59,36 +59,37 @@ async def until_cancelled(
     if cancel.is_set():
         yield None
         return
-    task = asyncio.current_task()
-    assert task is not None
-    reading = False
-    interrupted = False
+    reader: asyncio.Task[Any] | None = None  # the task waiting for the model, while it waits
+    interrupted: asyncio.Task[Any] | None = None
 
     def interrupt() -> None:
         nonlocal interrupted
-        if reading and not interrupted:
-            interrupted = True
-            task.cancel()
+        if reader is not None and interrupted is None:
+            interrupted = reader
+            reader.cancel()
 
     watcher = asyncio.ensure_future(cancel.wait())
     watcher.add_done_callback(lambda _: interrupt())
     iterator = aiter(events)
     try:
         while True:
-            reading = True
+            if cancel.is_set():  # set while no read waited: nothing interrupted
+                yield None
+                return
+            reader = asyncio.current_task()
             try:
                 event = await anext(iterator)
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
-                if not interrupted or task.uncancel() > 0:
+                if interrupted is None or interrupted.uncancel() > 0:
                     raise  # cancelled from outside too
                 yield None
                 return
             finally:
-                reading = False
-            if interrupted:  # set while the model's read was ending: it is not cancelled
-                task.uncancel()
+                reader = None
+            if interrupted is not None:  # the model's read ended despite the interruption
+                interrupted.uncancel()
                 yield None
                 return
             if cancel.is_set():

@@ -71,11 +71,11 @@ _TEXT_DELTA_START: Final = b'{"type":"text-delta","id":'
 _TEXT_DELTA_KEYS: Final = ("type", "id", "delta")
 
 
-def text_delta_json(chunk: dict[str, Any]) -> bytes | None:
+def text_delta_json(chunk: Any) -> bytes | None:
     """The wire JSON of a plain text delta (`type`, `id` and `delta`, in that order, as bastion's loop
     makes it), from its two strings: what `to_client_json(chunk)[0]` gives, without encoding the dict.
     The chunk reads back as itself. None for any other chunk, or text `to_client_json` would replace."""
-    if tuple(chunk) != _TEXT_DELTA_KEYS or chunk["type"] != "text-delta":
+    if type(chunk) is not dict or tuple(chunk) != _TEXT_DELTA_KEYS or chunk["type"] != "text-delta":
         return None
     part_id, delta = chunk.get("id"), chunk.get("delta")
     if type(part_id) is not str or type(delta) is not str or "\x00" in delta or "\x00" in part_id:

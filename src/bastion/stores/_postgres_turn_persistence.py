@@ -109,6 +109,9 @@ class PostgresAgentPersistence(TurnPersistence):
       only if the revision is unchanged, the browser names no stored message the tail lacks, no
       live run holds the conversation and the request id is new. A stale tail changes nothing and
       costs a fresh load; any error forgets the tail.
+    - `start_new_conversation_run` (one round trip): a conversation's first message creates it and
+      claims its turn in one transaction; an id that is taken writes nothing and leaves the answer
+      to the usual create and `start_run`.
     - `execute_tool` (one round trip): claim the call before its side effect; the results of this
       run's earlier calls are recorded in the same trip (or by `finish_run`).
     - `finish_run` (one round trip): fenced by run id and idempotent; appends (or replaces, when
