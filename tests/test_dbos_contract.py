@@ -154,7 +154,10 @@ _STATUSES = {
 
 # The columns of `dbos.workflow_status` bastion's SQL reads, with their types.
 _WORKFLOW_STATUS_COLUMNS = {
-    "workflow_uuid": "text",  # hooks: the hook and first event are parsed out of the workflow id
+    # hooks: the hook and first event are parsed out of the workflow id; stores migration 0019: a dead
+    # process's run stays live while its turn workflow (`bastion.turn:{conversation}:{run}`) is PENDING
+    # or ENQUEUED (handed back for recovery).
+    "workflow_uuid": "text",
     "status": "text",
     "name": "text",  # hooks/delivery.py: a hook's batch in flight
     "updated_at": "bigint",  # epoch milliseconds: hooks/delivery_status.py divides by 1000

@@ -22,6 +22,7 @@ from bastion import define_agent
 from bastion.chat.durable_turns import DurableTurnError, prune_finished_turns, turn_workflow_id
 from bastion.chat.endpoint import ChatEndpoint, chat_routes
 from bastion.durable import DurableEngine
+from bastion.durable.turn_workflow import TURN_WORKFLOWS, start_turn_workflow
 from bastion.persistence import AgentRunInactiveError, RunInput, RunOutcome, ToolOperation
 from bastion.stores import (
     ConversationBusyError,
@@ -135,6 +136,31 @@ async def test_a_durable_run_whose_every_worker_died_frees_its_conversation_when
         assert await live.persistence().adopt_run(context, state) is False
         events = [(e.type, e.run_id) for e in await live.list_events(who, conversation)]
         assert ("run.interrupted", state.run_id) in events
+
+
+async def test_a_dead_workers_run_waits_while_its_workflow_waits_and_is_replaced_at_once_without_one(
+    migrated_database: MigratedDatabase, durable_engine: DurableEngine
+) -> None:
+    # No write marks these runs durable: DBOS's row for the run's turn workflow is what keeps it.
+    who = StoreIdentity(user_id=str(uuid.uuid4()))
+    dead = await PostgresStore.open(migrated_database.app_dsn, max_size=2)
+    async with await PostgresStore.open(migrated_database.app_dsn, max_size=2) as live:
+        waiting, without = (await live.create_conversation(who)).id, (await live.create_conversation(who)).id
+        _, context, state = await claim(dead, who, waiting)
+        await claim(dead, who, without)  # its process dies before its workflow exists
+        workflow_id = turn_workflow_id(waiting, state.run_id)
+        body_ends = TURN_WORKFLOWS.attach(workflow_id)
+        await start_turn_workflow(workflow_id, {"endpoint": "unused: the body waits for `body_ends`"})
+        await dead.close()  # the worker lock goes with the process
+        await claim(live, who, without)
+        with pytest.raises(ConversationBusyError):
+            await claim(live, who, waiting)
+        body_ends.set_result("ran")
+        await until(
+            lambda: (found := workflow(migrated_database, waiting, state.run_id)) and found[0] != "PENDING"
+        )
+        await claim(live, who, waiting)  # its workflow ended: nothing will take the run over
+        assert await live.persistence().adopt_run(context, state) is False
 
 
 async def test_the_sqlite_store_refuses_durable_turns(
@@ -259,15 +285,13 @@ async def test_a_durable_turn_streams_in_its_workflow_can_be_stopped_and_is_prun
             }
             posted = asyncio.ensure_future(http.post(f"{url}/api/chat", json=body, headers=headers))
             await gated.waiting.wait()
-            # Once its workflow exists, the running turn's stream log marks its run durable.
-            try:
-                [(_, status, durable)] = await until(
-                    lambda: [run for run in runs(migrated_database, stopped_conversation) if run[2]], 10
-                )
-            except AssertionError:
-                gated.gate.set()  # let the turn end, so the server can stop and the test fail
-                raise
-            assert (status, durable) == ("running", True)
+            # It streams once its workflow exists; no write marks its run durable (the workflow does).
+            [(running_run, status, durable)] = runs(migrated_database, stopped_conversation)
+            assert (status, durable) == ("running", False)
+            assert workflow(migrated_database, stopped_conversation, running_run) == (
+                "PENDING",
+                durable_engine.executor_id,
+            )
             stop = await http.post(f"{url}/api/chat/{stopped_conversation}/stop", headers=headers)
             assert stop.status_code == 200 and stop.json()["settled"] is True
             response = await posted
@@ -376,6 +400,36 @@ async def test_a_durable_turns_checkpoints_ride_its_writes_and_a_zombie_cannot_w
     finally:
         for store in (zombie, successor):
             await store.close()
+
+
+async def test_a_durable_turns_model_request_no_tool_claim_stores_is_stored_when_the_next_one_starts(
+    migrated_database: MigratedDatabase, durable_engine: DurableEngine
+) -> None:
+    # The first request calls a tool the agent lacks, so pydantic-ai asks again with no tool claim
+    # between (and no tool result for a step boundary to store): the second request's start stores
+    # the first, so a process dying during the second does not have the first asked again.
+    project = Project()
+    conversation = str(uuid.uuid4())
+    gated = GatedModel(["Still"], [" here."], tool_call="missing_tool")
+    async with (
+        await PostgresStore.open(migrated_database.app_dsn, max_size=4) as store,
+        serve(store, gated, durable_engine, project) as url,
+        httpx2.AsyncClient(timeout=30) as http,
+    ):
+        body = {"id": conversation, "messages": [user_message("hi")], "trigger": "submit-message"}
+        headers = project.headers(str(uuid.uuid4()))
+        posted = asyncio.ensure_future(http.post(f"{url}/api/chat", json=body, headers=headers))
+        try:
+            await gated.waiting.wait()
+            [(run_id, _, _)] = runs(migrated_database, conversation)
+            stored = await until(lambda: stored_steps(migrated_database, run_id), 5)
+        finally:
+            gated.gate.set()
+        assert stored == [0]
+        response = await posted
+        assert response.status_code == 200 and chunks_of(response.text)[-1]["type"] == "finish"
+        # The last request rode the turn's close.
+        assert stored_steps(migrated_database, run_id) == [0, 1]
 
 
 class SaveRefused(PostgresAgentPersistence):

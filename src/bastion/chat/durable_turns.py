@@ -8,17 +8,17 @@ envelope that outlives a process: the workflow's row, dead executors found, thei
 
 - The fast path has no queue: the POST claims the run as before, the workflow's row is written
   while the turn is prepared, and the turn streams in the response's task once that row exists;
-  the workflow's body only waits for the turn to end. The stream log's next write then marks the
-  run durable.
+  the workflow's body only waits for the turn to end. Nothing marks the run durable: the store
+  counts a run live while its workflow waits for a take-over.
 - Model requests are not DBOS steps. A finished request's record (its response and the chunks it
-  streamed) is stored by the run's next write that happens anyway, in the same transaction, keyed
-  by (run, step): the claim of its first tool, a stream log batch, or the turn's close
-  (`bastion.stores.checkpoints`). So a request is stored before any of its tools runs, and a turn
-  costs DBOS only its workflow's row. Each of those writes is fenced by the process running the
-  run, so a process that lost its run to a successor cannot write over it. Tools are not steps
-  either: their exactly-once guarantee stays the operation claim (`AgentRun.execute_tool`), which
-  replays a completed call's stored output and refuses one whose outcome is unknown (unless the
-  tool is idempotent).
+  streamed) is stored by the run's next write that happens anyway, in the same transaction, keyed by
+  (run, step): the claim of its first tool or the turn's close (a log batch when the next request
+  starts with no claim between: `bastion.stores.checkpoints`). So a request is stored before any of
+  its tools runs, and a turn costs DBOS only its workflow's row. Each of those writes is fenced by
+  the process running the run, so a process that lost its run to a successor cannot write over it.
+  Tools are not steps either: their exactly-once guarantee stays the operation claim
+  (`AgentRun.execute_tool`), which replays a completed call's stored output and refuses one whose
+  outcome is unknown (unless the tool is idempotent).
 - When the process dies, another process's janitor (`DurableEngine`) hands the workflow to a live
   process. Finding no local turn, the body rebuilds it from its input (principal, `ChatTurn`, the
   context factory, `agent.prepare`, `session.stream`), adopts the run and reads its stored requests
@@ -108,9 +108,10 @@ class DurableTurns:
         The workflow's row is written while the endpoint prepares the turn, and the turn streams
         once it exists, so a client never sees a turn that no process could take over. The
         workflow's body returns when the turn ended, however it ended (a save the database refused
-        included): a turn's workflow never stays pending while its process lives. The run is marked
-        durable by the stream log's next write; a process that died before its workflow existed
-        leaves a run that a newer turn replaces at once.
+        included): a turn's workflow never stays pending while its process lives. No write marks
+        the run durable: while its workflow waits for a take-over, the store counts the run live
+        (stores migration 0019); a process that died before its workflow existed leaves a run that
+        a newer turn replaces at once.
         """
         hooks = _TurnHooks(run, self._persistence.checkpoint(run.state))
         workflow_id = turn_workflow_id(turn.conversation_id, turn.run_id)
@@ -125,8 +126,6 @@ class DurableTurns:
             except Exception:
                 TURN_WORKFLOWS.detach(workflow_id)
                 logger.exception("Starting a durable turn failed; it runs without durability.")
-                return
-            hooks.mark_durable()
 
         async def runner(run_turn: Callable[[], Awaitable[None]]) -> None:
             try:
@@ -248,15 +247,16 @@ class _TurnHooks:
         self.message_id = message_id or uuid.uuid5(_IDS, run_id).hex
         self.runner: TurnRunner | None = None
         self._log: ChunkLog | None = None
-        self.steps = _ModelSteps(run_id, checkpoints, stored or {}, self._new_attempt)
+        self.steps = _ModelSteps(run_id, checkpoints, stored or {}, self._new_attempt, self._store_pending)
 
     def attach(self, log: ChunkLog | None) -> None:
         self._log = log
 
-    def mark_durable(self) -> None:
-        """The workflow exists: the run's stream log marks it durable with its next write."""
-        if self._log is not None:
-            self._log.mark_durable()
+    def _store_pending(self) -> None:
+        """A model request is asked while an earlier one waits unstored (no tool claim came between
+        them: its output was retried, say): the log writes it now, so a successor never asks it again."""
+        if self._log is not None and self.checkpoints.pending:
+            self._log.check()
 
     def _new_attempt(self) -> None:
         """What follows is produced afresh: it supersedes whatever an earlier attempt logged from here."""
@@ -316,11 +316,13 @@ class _ModelSteps:
         checkpoints: TurnCheckpoints,
         stored: dict[int, dict[str, Any]],
         new_attempt: Callable[[], None],
+        store_pending: Callable[[], None],
     ) -> None:
         self.id_seed = id_seed
         self._checkpoints = checkpoints
         self._stored = stored
         self._new_attempt = new_attempt
+        self._store_pending = store_pending
 
     def request(
         self,
@@ -337,6 +339,7 @@ class _ModelSteps:
         self, step: int, produce: Callable[[], AsyncIterator[Chunk]], response: list[ModelResponse]
     ) -> AsyncIterator[Chunk]:
         self._new_attempt()
+        self._store_pending()
         chunks: list[Chunk] = []
         async for chunk in produce():
             chunks.append(chunk)

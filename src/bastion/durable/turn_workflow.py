@@ -44,7 +44,8 @@ class DurableTurnError(RuntimeError):
 
 
 def turn_workflow_id(conversation_id: str, run_id: str) -> str:
-    """The workflow id of a run's turn: one workflow per claimed run."""
+    """The workflow id of a run's turn: one workflow per claimed run. The store's claims build the
+    same id (stores migration 0019: a dead process's run is live while this workflow waits)."""
     return f"{WORKFLOW_NAME}:{conversation_id}:{run_id}"
 
 

@@ -122,10 +122,11 @@ class PostgresAgentPersistence(TurnPersistence):
     worker lock is free), and records it as interrupted. A conversation a live turn holds is
     refused with `ConversationBusyError`, which carries `Retry-After`.
 
-    A run a durable workflow runs (`bastion.durable`) is marked durable once its workflow exists
-    (a durable chat turn's stream log carries the mark with its next write; `mark_durable` marks on
-    its own): it is not replaced when its process dies, since a live process adopts it
-    (`adopt_run`) and finishes it; only its lease running out frees its conversation then.
+    A run a durable workflow runs (`bastion.durable`) is not replaced when its process dies while
+    that workflow waits, since a live process adopts it (`adopt_run`) and finishes it; only its
+    lease running out frees its conversation then. A durable chat turn's run is known by its
+    workflow's row (stores migration 0019), with no write of its own; `mark_durable` marks any
+    other run a workflow runs.
 
     A turn's stream log set on its state (`TurnState.log`) rides its tool claims and its close: what
     the log holds is stored in the same statement (`ChunkLog.carry`), so the log needs no
@@ -151,8 +152,8 @@ class PostgresAgentPersistence(TurnPersistence):
         self._tails = store.claim_cache
 
     async def mark_durable(self, context: TurnContext, state: TurnState) -> bool:
-        """Mark the run durable, once a durable workflow runs it (one round trip of its own; durable
-        chat turns let their stream log carry the mark instead): from now on it waits for its
+        """Mark the run durable, once a durable workflow runs it (one round trip of its own; a durable
+        chat turn needs none: its workflow's row keeps its run live): from now on it waits for its
         take-over when its process dies instead of being replaced. False when it no longer runs."""
         with database_errors():
             async with self._store.transaction(context.identity) as conn:

@@ -3,7 +3,8 @@
 A durable turn does not store a model request in a transaction of its own. When a request ends, its
 record (the response and the chunks it streamed) waits here, and the run's next write that happens
 anyway carries it in the same transaction: a tool's claim (so a request is stored before any of its
-tools runs), a stream log batch, or the turn's close. Log batches also carry the run's finished tool
+tools runs), the turn's close, or a stream log batch (a tool step's end, or the next request's start
+when no claim came between). Log batches also carry the run's finished tool
 results (claims and closes record them already), so a stored request never saw a result the store
 lacks, and a finished tool's result is stored before the next request's answer can be.
 

@@ -5,7 +5,7 @@ A turn writes its chunks through a `ChunkLog`. Nobody reading, the log is writte
 boundary (a `finish-step` chunk, or `step_boundary()`) and when flushed or closed: a turn writes a
 bounded number of batches however long it takes. A log `carried` by the run's own writes (a tool's
 claim, the turn's close: `carry()`) has no transaction of its own for that, unless a step boundary
-stores more than chunks (a durable turn's checkpoints and tool results: `boundary_writes`). A reader that
+stores more than chunks (a durable turn's tool results: `boundary_writes`). A reader that
 follows the run (`follow()`, asked for across processes through the store's notification channel)
 makes the log write what it holds at once and then every `interval` seconds, each write waking the
 followers. Each batch names the turn position of its first chunk. A batch marked `reset` starts a
@@ -240,7 +240,7 @@ class ChunkLog:
 
     async def flush_before_close(self) -> None:
         """Before the turn's close: a carried log writes now only what a step boundary asked to be
-        written on its own (a durable turn's last checkpoint), after a write in flight; the close
+        written on its own (a durable turn's tool results), after a write in flight; the close
         carries the rest. Any other log writes everything now."""
         if not self.carried or self._due or self._lock.locked():
             await self.flush()
@@ -323,7 +323,8 @@ class ChunkLog:
 
     def mark_durable(self) -> None:
         """The run's workflow exists: the next write marks the run durable too, so the mark costs
-        no transaction of its own (a write of no chunks carries it if nothing else comes)."""
+        no transaction of its own (a write of no chunks carries it if nothing else comes). Durable
+        chat turns no longer mark (their workflow's row keeps the run live: stores migration 0019)."""
         self._mark_durable = True
         self.check()
 

@@ -120,10 +120,11 @@ class PostgresLiveTurns:
         self._ensure_listening()
 
         def results_pending() -> bool:
-            # A durable turn's step boundary stores what the step finished at once: its model request
-            # (a successor never asks it again) and its tools' results (a process dying during the
-            # next request leaves no outcome unknown to its successor).
-            return checkpoints is not None and bool(checkpoints.pending or checkpoints.take_results())
+            # A durable turn's step boundary stores its tools' results at once (a process dying during
+            # the next request leaves no outcome unknown to its successor). A finished model request
+            # waits: the tool claim or the close that follows carries it, or the next request's start
+            # writes it (`ChunkLog.check`), so a successor never asks it again.
+            return checkpoints is not None and bool(checkpoints.take_results())
 
         log = ChunkLog(
             write,
