@@ -1,15 +1,18 @@
-"""Serve an ASGI application with uvicorn on 127.0.0.1 (a free port) in a background thread.
+"""Serve an ASGI application with uvicorn on 127.0.0.1 (a free port): in a background thread
+(`live_server`: the application runs in the server thread's own event loop), or on the test's own
+event loop (`served_here`: for an application sharing the test's store, pools and tasks).
 
-Tests talk to it over real HTTP; the application runs in the server thread's own event loop.
+Tests talk to it over real HTTP.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -44,4 +47,24 @@ def live_server(app: ASGIApp, *, sock: socket.socket | None = None) -> Iterator[
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+        sock.close()
+
+
+@asynccontextmanager
+async def served_here(app: ASGIApp) -> AsyncIterator[str]:
+    """Yield the base URL of `app` served by uvicorn on this event loop until the block exits
+    (no lifespan: the test opens and closes what the application uses)."""
+    sock = reserve_socket()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()  # the server failed to start: its error
+                raise RuntimeError("The test server did not start.")
+            await asyncio.sleep(0.01)
+        yield base_url(sock)
+    finally:
+        server.should_exit = True
+        await task
         sock.close()

@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx2
 import pytest
-import uvicorn
 from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -29,6 +28,7 @@ from bastion.stores import PostgresStore, StoreIdentity
 from bastion.worker import create_agent_worker
 from tests.ai_sdk import SDKS, resume, run_chat, send
 from tests.conftest import MigratedDatabase
+from tests.live_server import served_here
 from tests.supabase_tokens import SigningKeys, es256, user_claims
 
 PROJECT_URL = "https://project-ref.supabase.co"
@@ -121,19 +121,13 @@ async def serve(database: MigratedDatabase, model: PacedModel) -> AsyncIterator[
     )
     resumed = asyncio.Event()
     app = noticing_resumes(create_agent_worker(env=env, routes=routes), resumed)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    task = asyncio.ensure_future(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
     try:
-        yield Served(url=f"http://127.0.0.1:{port}", store=store, keys=keys, env=env, resumed=resumed)
+        async with served_here(app) as url:
+            try:
+                yield Served(url=url, store=store, keys=keys, env=env, resumed=resumed)
+            finally:
+                model.gate.set()  # a failed test must not leave a turn waiting forever
     finally:
-        model.gate.set()  # a failed test must not leave a turn waiting forever
-        server.should_exit = True
-        await task
         await store.close()
 
 

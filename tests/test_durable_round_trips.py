@@ -17,7 +17,6 @@ from typing import Any
 
 import httpx2
 import sqlalchemy as sa
-import uvicorn
 from dbos._dbos import _get_dbos_instance
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models.function import AgentInfo
@@ -30,7 +29,8 @@ from bastion.stores import PostgresStore
 from bastion.stores.postgres_live import PostgresLiveTurns
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
-from tests.durable_cluster import free_port, user_message
+from tests.durable_cluster import user_message
+from tests.live_server import served_here
 from tests.pg import RoundTripCounter
 from tests.scripted import Call, ScriptedModel
 from tests.test_chat_routes import Project
@@ -108,18 +108,8 @@ async def serve(
     agent = define_agent(name=f"trips-{uuid.uuid4().hex[:6]}", instructions="Answer.", tools=lookup_tools)
     routes = chat_routes(agent=agent, store=store, model=model, context=lambda t: t, durable=engine)
     app = create_agent_worker(env=project.env, routes=routes)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    task = asyncio.ensure_future(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    async with served_here(app) as url:
+        yield url
 
 
 class ToolThenText(ScriptedModel):

@@ -16,7 +16,6 @@ from typing import Any
 import httpx2
 import psycopg
 import pytest
-import uvicorn
 
 from bastion import define_agent
 from bastion.chat.durable_turns import DurableTurnError, prune_finished_turns, turn_workflow_id
@@ -35,7 +34,8 @@ from bastion.stores import (
 from bastion.stores.postgres import PostgresAgentPersistence
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
-from tests.durable_cluster import free_port, until, user_message
+from tests.durable_cluster import until, user_message
+from tests.live_server import served_here
 from tests.scripted import ScriptedModel
 from tests.test_chat_routes import Project
 from tests.test_guide_entities import guide_example
@@ -186,18 +186,8 @@ async def serve(
         agent=agent, store=store, model=model, context=lambda t: t, durable=engine, **options
     )
     app = create_agent_worker(env=project.env, routes=routes)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    task = asyncio.ensure_future(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    async with served_here(app) as url:
+        yield url
 
 
 def chunks_of(text: str) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx2
 import pytest
-import uvicorn
 
 from bastion import define_agent
 from bastion.chat.endpoint import chat_routes
@@ -20,7 +19,8 @@ from bastion.stores import FollowerLimits, NotFoundError, PostgresStore, StoreId
 from bastion.stores.postgres_live import PostgresLiveTurns
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
-from tests.test_live_turns import TENANT, GatedModel, Project, Worker, free_port, sse_chunks, start_turn
+from tests.live_server import served_here
+from tests.test_live_turns import TENANT, GatedModel, Project, Worker, sse_chunks, start_turn
 
 WAIT = 20  # seconds any one step may take at most: a broken fan-out fails instead of hanging
 
@@ -35,19 +35,13 @@ async def worker(
     app = create_agent_worker(
         env=project.env, routes=chat_routes(agent=agent, store=store, model=model, context=lambda turn: turn)
     )
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    task = asyncio.ensure_future(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
     try:
-        yield Worker(url=f"http://127.0.0.1:{port}", store=store)
+        async with served_here(app) as url:
+            try:
+                yield Worker(url=url, store=store)
+            finally:
+                model.gate.set()  # a failed test must not leave a turn waiting forever
     finally:
-        model.gate.set()  # a failed test must not leave a turn waiting forever
-        server.should_exit = True
-        await task
         await store.close()
 
 

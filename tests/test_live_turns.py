@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx2
 import pytest
-import uvicorn
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
@@ -27,6 +26,7 @@ from bastion.stores import PostgresStore, StoreIdentity
 from bastion.stores.live import ChunkBatch, ChunkLog, StreamAssembly
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
+from tests.live_server import served_here
 from tests.supabase_tokens import SigningKeys, es256, user_claims
 
 PROJECT_URL = "https://project-ref.supabase.co"
@@ -110,20 +110,14 @@ async def worker(database: MigratedDatabase, project: Project, model: FunctionMo
         agent=agent, store=store, model=model, context=lambda turn: turn, stop_wait_seconds=5
     )
     app = create_agent_worker(env=project.env, routes=routes)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    task = asyncio.ensure_future(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
     try:
-        yield Worker(url=f"http://127.0.0.1:{port}", store=store)
+        async with served_here(app) as url:
+            try:
+                yield Worker(url=url, store=store)
+            finally:
+                if isinstance(model, GatedModel):
+                    model.gate.set()  # a failed test must not leave a turn waiting forever
     finally:
-        if isinstance(model, GatedModel):
-            model.gate.set()  # a failed test must not leave a turn waiting forever
-        server.should_exit = True
-        await task
         await store.close()
 
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import httpx2
 import psycopg
-import uvicorn
 
 from bastion import define_agent
 from bastion.chat import chat_routes
@@ -17,7 +16,8 @@ from bastion.stores import PostgresStore, StoreIdentity
 from bastion.stores.postgres_live import PostgresLiveTurns
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
-from tests.durable_cluster import free_port, user_message
+from tests.durable_cluster import user_message
+from tests.live_server import served_here
 from tests.scripted import ScriptedModel
 from tests.test_chat_routes import Project
 from tests.test_durable_round_trips import counting_proxy, lookup_tools, serve
@@ -116,26 +116,14 @@ async def test_a_first_message_to_the_callers_own_empty_conversation_claims_it(
         httpx2.AsyncClient(timeout=30) as http,
     ):
         routes = chat_routes(agent=agent, store=store, model=ScriptedModel(["Hello."]), context=lambda t: t)
-        port = free_port()
-        server = uvicorn.Server(
-            uvicorn.Config(
-                create_agent_worker(env=project.env, routes=routes),
-                port=port,
-                log_level="warning",
-                lifespan="off",
+        async with served_here(create_agent_worker(env=project.env, routes=routes)) as url:
+            identity = StoreIdentity(user_id=ada, tenant_id="tenant-a")  # as the token names them
+            created = await store.create_conversation(
+                identity, title="Made by the app", agent_name="own-empty"
             )
-        )
-        served = asyncio.ensure_future(server.serve())
-        while not server.started:
-            await asyncio.sleep(0.01)
-        url = f"http://127.0.0.1:{port}"
-        identity = StoreIdentity(user_id=ada, tenant_id="tenant-a")  # as the token names them
-        created = await store.create_conversation(identity, title="Made by the app", agent_name="own-empty")
-        response = await http.post(
-            f"{url}/api/chat", json=_body(created.id, "hi"), headers=project.headers(ada)
-        )
-        server.should_exit = True
-        await served
+            response = await http.post(
+                f"{url}/api/chat", json=_body(created.id, "hi"), headers=project.headers(ada)
+            )
         assert response.status_code == 200 and '"finish"' in response.text, response.text
     owners, roles = await _stored(migrated_database, created.id)
     assert owners == [(ada, "Made by the app")] and roles == ["user", "assistant"]

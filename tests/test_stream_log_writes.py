@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx2
 import psycopg
-import uvicorn
 from pydantic_ai.models.function import FunctionModel
 
 from bastion import define_agent
@@ -30,6 +29,7 @@ from bastion.stores.live import ChunkBatch, ChunkLog
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
 from tests.live_chat_worker import PROJECT_URL, paced, tools
+from tests.live_server import served_here
 from tests.supabase_tokens import SigningKeys, es256, user_claims
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,18 +51,10 @@ async def serve(database: MigratedDatabase, keys: SigningKeys) -> AsyncIterator[
         agent=agent, store=store, model=FunctionModel(stream_function=paced), context=lambda turn: turn
     )
     app = create_agent_worker(env=SupabaseEnv(url=PROJECT_URL, jwks=keys.jwks()), routes=routes)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    task = asyncio.ensure_future(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        async with served_here(app) as url:
+            yield url
     finally:
-        server.should_exit = True
-        await task
         await store.close()
 
 
