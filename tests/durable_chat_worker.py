@@ -8,9 +8,10 @@ what to do: `turn <id>` (a text step, a tool call, then a text step), `approve â
 tool that needs approval), anything else one short text step.
 
 `BASTION_TEST_DIE` makes the process SIGKILL itself at a point a timer cannot hit reliably:
-`before-save` (just before the turn's save) or `after-save` (just after it, before the workflow
-records its end). `BASTION_TEST_START_DELAY` (seconds) delays building the routes after the engine
-launched, as a process that registers slowly would: DBOS may hand it recovered turns meanwhile.
+`before-save` (just before the turn's save) or `after-save` (just after it, before `after_turn` and,
+with memory on, before the workflow records its end). `BASTION_TEST_START_DELAY` (seconds) delays
+building the routes after the engine launched, as a process that registers slowly would: DBOS may
+hand it recovered turns meanwhile.
 SIGTERM drains the worker (`bastion.draining_server`) for `BASTION_TEST_DRAIN_SECONDS` (default 5).
 
 `BASTION_TEST_MEMORY=1` adds memory with extraction as a durable job (the database needs memory's

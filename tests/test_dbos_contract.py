@@ -38,7 +38,11 @@ from dbos._utils import INTERNAL_QUEUE_NAME
 
 from bastion.durable import DURABLE_APPLICATION_VERSION, DURABLE_SCHEMA, DurableEngine, system_database_url
 from bastion.durable.engine import stop_dequeuing
+from bastion.durable.turn_workflow import WORKFLOW_NAME, turn_workflow_id
 from bastion.inbox import replies
+from bastion.persistence import RunInput
+from bastion.stores import PostgresStore, StoreIdentity, TurnContext
+from bastion.stores.turn_workflows import TurnWorkflowRow
 from tests import durable_workflows
 from tests.conftest import MigratedDatabase
 
@@ -59,7 +63,7 @@ _CALLS: dict[str, tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = 
         ("bastion.hooks:h",),
         {"partition_concurrency": 1, "polling_interval_sec": 0.1},
     ),
-    # chat/durable_turns.py: the turn workflow and its retention.
+    # hooks/delivery.py: a delivery workflow; chat/durable_turns.py: the turn workflows' retention.
     "DBOS.start_workflow_async(workflow, input)": (DBOS.start_workflow_async, (lambda _: None, {}), {}),
     "DBOS.list_workflows_async(name=, status=, completed_before=, load_input=, load_output=)": (
         DBOS.list_workflows_async,
@@ -164,6 +168,11 @@ _WORKFLOW_STATUS_COLUMNS = {
     "executor_id": "text",  # durable/engine.py: the executors that left PENDING work
     "application_name": "text",
     "application_version": "text",
+    # stores migration 0020: a turn's row moves from its queue onto its executor, and its end.
+    "queue_name": "text",
+    "recovery_attempts": "bigint",
+    "owner_xid": "text",
+    "completed_at": "bigint",
 }
 
 # The parameters of `dbos.enqueue_workflow` that inbox/replies.py passes, by position then by name.
@@ -399,3 +408,66 @@ async def test_stopping_the_queues_of_an_engine_closed_already_does_nothing(
         pass
     assert stop_dequeuing() is False
     engine.stop_taking_work()
+
+
+async def test_a_turn_workflow_row_the_store_writes_is_one_dbos_reads_recovers_and_lists_finished(
+    durable_engine: DurableEngine, migrated_database: MigratedDatabase
+) -> None:
+    """Stores migration 0020 writes a turn's workflow row through `dbos.enqueue_workflow`, moves it onto
+    the executor running the turn (PENDING, no queue) and ends it (SUCCESS, `completed_at`). DBOS must
+    read that row as a `bastion.turn` of the executor with the input bastion wrote, find it among the
+    executor's pending work and hand it back to its recovery queue when the executor is dead (where its
+    end no longer touches it: the process that takes it over ends it), and list it as finished for
+    retention once ended. Take-overs of these rows across killed processes: tests/test_durable_turns.py."""
+    assert stop_dequeuing(), "DBOS's queue thread is gone"  # a recovered row stays on the queue
+    who = StoreIdentity(user_id=str(uuid.uuid4()))
+    workflow_input = {"endpoint": "contract", "messages": [{"id": "m", "parts": [{"text": "é\u0000"}]}]}
+    async with await PostgresStore.open(migrated_database.app_dsn, max_size=2) as store:
+        persistence = store.persistence()
+
+        async def begun(executor: str) -> tuple[TurnContext, Any, str]:
+            conversation = (await store.create_conversation(who)).id
+            context = TurnContext(identity=who, conversation_id=conversation, request_id=uuid.uuid4().hex)
+            message = {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+            start = await persistence.start_run(
+                context, RunInput(messages=[message], trigger="submit-message")
+            )
+            row = TurnWorkflowRow(
+                executor_id=executor,
+                application_version=DURABLE_APPLICATION_VERSION,
+                application_name="bastion",
+                input=workflow_input,
+            )
+            assert await persistence.turn_workflows.begin(context, start.state, row)
+            return context, start.state, turn_workflow_id(conversation, start.state.run_id)
+
+        dead = f"dead-{uuid.uuid4().hex[:8]}"
+        handed_back, ending = await begun(dead), await begun(dead)
+        recovered, ended = handed_back[2], ending[2]
+        listed = await DBOS.list_workflows_async(workflow_ids=[recovered, ended], load_input=True)
+        assert {(w.workflow_id, w.status, w.name, w.executor_id, w.app_version) for w in listed} == {
+            (workflow_id, "PENDING", WORKFLOW_NAME, dead, DURABLE_APPLICATION_VERSION)
+            for workflow_id in (recovered, ended)
+        }, f"DBOS reads the store's turn rows as {listed}."
+        assert [w.input for w in listed] == [{"args": (workflow_input,), "kwargs": {}}] * 2, (
+            f"DBOS reads the turn's input as {listed[0].input}."
+        )
+        pending = _get_dbos_instance()._sys_db.get_pending_workflows(dead, DURABLE_APPLICATION_VERSION)
+        assert {w.workflow_id for w in pending} == {recovered, ended}, "recovery does not find the rows."
+
+        assert await persistence.turn_workflows.end(*ending[:2], dead)
+        await asyncio.to_thread(DBOS._recover_pending_workflows, [dead])
+        listed = await DBOS.list_workflows_async(workflow_ids=[recovered, ended])
+        status = {w.workflow_id: w.status for w in listed}
+        assert status == {recovered: "ENQUEUED", ended: "SUCCESS"}, f"after recovery: {status}."
+        assert not await persistence.turn_workflows.end(*handed_back[:2], dead), "a recovered row was ended."
+
+        finished = await DBOS.list_workflows_async(
+            workflow_ids=[recovered, ended],
+            name=WORKFLOW_NAME,
+            status=["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"],
+            completed_before=(datetime.now(UTC) + timedelta(minutes=1)).isoformat(),
+            load_input=False,
+            load_output=False,
+        )
+        assert [w.workflow_id for w in finished] == [ended], "retention does not find the ended row."

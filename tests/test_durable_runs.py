@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -20,8 +21,7 @@ import pytest
 from bastion import define_agent
 from bastion.chat.durable_turns import DurableTurnError, prune_finished_turns, turn_workflow_id
 from bastion.chat.endpoint import ChatEndpoint, chat_routes
-from bastion.durable import DurableEngine
-from bastion.durable.turn_workflow import TURN_WORKFLOWS, start_turn_workflow
+from bastion.durable import DURABLE_APPLICATION_VERSION, DurableEngine
 from bastion.persistence import AgentRunInactiveError, RunInput, RunOutcome, ToolOperation
 from bastion.stores import (
     ConversationBusyError,
@@ -32,6 +32,7 @@ from bastion.stores import (
     TurnContext,
 )
 from bastion.stores.postgres import PostgresAgentPersistence
+from bastion.stores.turn_workflows import TurnWorkflowRow
 from bastion.worker import create_agent_worker
 from tests.conftest import MigratedDatabase
 from tests.durable_cluster import until, user_message
@@ -138,29 +139,69 @@ async def test_a_durable_run_whose_every_worker_died_frees_its_conversation_when
         assert ("run.interrupted", state.run_id) in events
 
 
+def workflow_row(executor_id: str) -> TurnWorkflowRow:
+    return TurnWorkflowRow(
+        executor_id=executor_id,
+        application_version=DURABLE_APPLICATION_VERSION,
+        application_name="bastion",
+        input={"endpoint": "unused: nobody takes it over"},
+    )
+
+
 async def test_a_dead_workers_run_waits_while_its_workflow_waits_and_is_replaced_at_once_without_one(
     migrated_database: MigratedDatabase, durable_engine: DurableEngine
 ) -> None:
-    # No write marks these runs durable: DBOS's row for the run's turn workflow is what keeps it.
+    # No write marks these runs durable: the row of the run's turn workflow is what keeps it.
     who = StoreIdentity(user_id=str(uuid.uuid4()))
     dead = await PostgresStore.open(migrated_database.app_dsn, max_size=2)
     async with await PostgresStore.open(migrated_database.app_dsn, max_size=2) as live:
         waiting, without = (await live.create_conversation(who)).id, (await live.create_conversation(who)).id
-        _, context, state = await claim(dead, who, waiting)
+        persistence, context, state = await claim(dead, who, waiting)
         await claim(dead, who, without)  # its process dies before its workflow exists
-        workflow_id = turn_workflow_id(waiting, state.run_id)
-        body_ends = TURN_WORKFLOWS.attach(workflow_id)
-        await start_turn_workflow(workflow_id, {"endpoint": "unused: the body waits for `body_ends`"})
+        executor = f"dead-{uuid.uuid4().hex[:8]}"
+        assert await persistence.turn_workflows.begin(context, state, workflow_row(executor)) is True
+        assert workflow(migrated_database, waiting, state.run_id) == ("PENDING", executor)
         await dead.close()  # the worker lock goes with the process
         await claim(live, who, without)
         with pytest.raises(ConversationBusyError):
             await claim(live, who, waiting)
-        body_ends.set_result("ran")
-        await until(
-            lambda: (found := workflow(migrated_database, waiting, state.run_id)) and found[0] != "PENDING"
-        )
+        # Only the caller's own row ends (and only once).
+        stranger = dataclasses.replace(context, identity=StoreIdentity(user_id=str(uuid.uuid4())))
+        assert await live.persistence().turn_workflows.end(stranger, state, executor) is False
+        assert await live.persistence().turn_workflows.end(context, state, executor) is True
+        assert workflow(migrated_database, waiting, state.run_id) == ("SUCCESS", executor)
+        assert await live.persistence().turn_workflows.end(context, state, executor) is False
         await claim(live, who, waiting)  # its workflow ended: nothing will take the run over
         assert await live.persistence().adopt_run(context, state) is False
+
+
+async def test_a_turns_workflow_row_is_written_only_for_the_callers_running_run_of_this_process(
+    migrated_database: MigratedDatabase, durable_engine: DurableEngine
+) -> None:
+    who = StoreIdentity(user_id=str(uuid.uuid4()))
+    async with (
+        await PostgresStore.open(migrated_database.app_dsn, max_size=2) as store,
+        await PostgresStore.open(migrated_database.app_dsn, max_size=2) as other,
+    ):
+        conversation = (await store.create_conversation(who)).id
+        persistence, context, state = await claim(store, who, conversation)
+        stranger = dataclasses.replace(context, identity=StoreIdentity(user_id=str(uuid.uuid4())))
+        assert await persistence.turn_workflows.begin(stranger, state, workflow_row("x")) is False
+        # Another process does not run this run.
+        assert await other.persistence().turn_workflows.begin(context, state, workflow_row("x")) is False
+        await persistence.finish_run(context, state, RunOutcome(status="completed"))
+        # A settled run gets none either: a close that comes first leaves no row behind.
+        assert await persistence.turn_workflows.begin(context, state, workflow_row("x")) is False
+        assert workflow(migrated_database, conversation, state.run_id) is None
+
+        # The close of a turn that names its workflow's executor ends the row in its transaction.
+        persistence, context, state = await claim(store, who, conversation)
+        executor = f"here-{uuid.uuid4().hex[:8]}"
+        persistence.checkpoint(state).workflow_executor = executor
+        assert await persistence.turn_workflows.begin(context, state, workflow_row(executor)) is True
+        await persistence.finish_run(context, state, RunOutcome(status="completed"))
+        assert state.checkpoints is not None and state.checkpoints.workflow_ended
+        assert workflow(migrated_database, conversation, state.run_id) == ("SUCCESS", executor)
 
 
 async def test_the_sqlite_store_refuses_durable_turns(

@@ -49,12 +49,11 @@ from bastion._ui_chunks import Chunk
 from bastion.auth import Principal
 from bastion.chat.stream_response import AgentStreamResponse, TurnRunner
 from bastion.chat.turn import ChatTurn, TurnOpener
-from bastion.durable.engine import prune_finished_workflows
+from bastion.durable.engine import DURABLE_APPLICATION_VERSION, prune_finished_workflows
 from bastion.durable.turn_workflow import (
     TURN_WORKFLOWS,
     WORKFLOW_NAME,
     DurableTurnError,
-    start_turn_workflow,
     turn_workflow_id,
 )
 from bastion.persistence import AgentRun, RunStart
@@ -62,6 +61,7 @@ from bastion.stores.checkpoints import TurnCheckpoints
 from bastion.stores.entities import StoreIdentity, TurnContext, TurnState
 from bastion.stores.live import ChunkLog
 from bastion.stores.postgres import PostgresAgentPersistence, PostgresStore
+from bastion.stores.turn_workflows import TurnWorkflowRow
 from bastion.tools import CallOrigin
 
 if TYPE_CHECKING:
@@ -103,45 +103,69 @@ class DurableTurns:
         TURN_WORKFLOWS.register(self.name, self)
 
     async def respond(self, turn: ChatTurn, run: AgentRun[Any, Any]) -> AgentStreamResponse:
-        """The fast path: the claimed turn's response, streaming at once while its workflow starts.
+        """The fast path: the claimed turn's response, streaming once its workflow's row exists.
 
-        The workflow's row is written while the endpoint prepares the turn, and the turn streams
-        once it exists, so a client never sees a turn that no process could take over. The
-        workflow's body returns when the turn ended, however it ended (a save the database refused
-        included): a turn's workflow never stays pending while its process lives. No write marks
-        the run durable: while its workflow waits for a take-over, the store counts the run live
-        (stores migration 0019); a process that died before its workflow existed leaves a run that
-        a newer turn replaces at once.
+        The store writes the workflow's row (one round trip, while the endpoint prepares the turn),
+        so a client never sees a turn that no process could take over, and the turn's close ends it
+        in the same transaction (after `after_turn` instead, when the endpoint has one). DBOS does
+        not execute the workflow here: it finds it only if this process dies. A turn whose close did
+        not end its row (it failed before streaming, its close failed, or it has an `after_turn`)
+        ends it on its own: a turn's workflow never stays pending while its process lives. No write
+        marks the run durable: while its workflow waits for a take-over, the store counts the run
+        live (stores migration 0019).
         """
-        hooks = _TurnHooks(run, self._persistence.checkpoint(run.state))
-        workflow_id = turn_workflow_id(turn.conversation_id, turn.run_id)
-        ended = TURN_WORKFLOWS.attach(workflow_id)
-        starting = asyncio.ensure_future(
-            start_turn_workflow(workflow_id, self._input(turn, run, hooks.message_id))
+        persistence = self._persistence
+        checkpoints = persistence.checkpoint(run.state)
+        if not self.endpoint.runs_after_turn:
+            # Its close ends the workflow. A turn with an `after_turn` ends it after that ran: a
+            # process dying between the save and `after_turn` leaves the workflow to the one taking
+            # it over, which runs `after_turn` for the saved turn.
+            checkpoints.workflow_executor = self.engine.executor_id
+        hooks = _TurnHooks(run, checkpoints)
+        row = TurnWorkflowRow(
+            executor_id=self.engine.executor_id,
+            application_version=DURABLE_APPLICATION_VERSION,
+            application_name=self.engine.application_name,
+            input=self._input(turn, run, hooks.message_id),
         )
+        context = _context(turn)
+        begun = asyncio.ensure_future(self._begin(context, run.state, row))
 
-        async def made_durable() -> None:
-            try:
-                await starting
-            except Exception:
-                TURN_WORKFLOWS.detach(workflow_id)
-                logger.exception("Starting a durable turn failed; it runs without durability.")
+        async def settle_workflow() -> None:
+            """End the row if it was written and the turn's close did not end it."""
+            if await asyncio.shield(begun) and not checkpoints.workflow_ended:
+                try:
+                    await persistence.turn_workflows.end(context, run.state, row.executor_id)
+                except Exception:
+                    logger.exception("Ending the workflow of the durable turn of run %s failed.", turn.run_id)
 
         async def runner(run_turn: Callable[[], Awaitable[None]]) -> None:
             try:
                 # Nothing streams before the workflow's row exists: a process dying from the turn's
                 # first chunk on leaves a workflow that another process takes over.
-                await made_durable()
+                await asyncio.shield(begun)
                 await run_turn()
             finally:
-                _end(ended)
+                await settle_workflow()
 
         hooks.runner = runner
         try:
             return await self.endpoint.open_turn(turn, run, durable=hooks)
         except BaseException:
-            _end(ended)  # the turn failed (and settled) before it streamed
+            await settle_workflow()  # the turn failed (and settled) before it streamed
             raise
+
+    async def _begin(self, context: TurnContext, state: TurnState, row: TurnWorkflowRow) -> bool:
+        """Write the turn's workflow row; whether it was. A turn whose row could not be written runs
+        without durability, as it would without an engine."""
+        try:
+            begun = await self._persistence.turn_workflows.begin(context, state, row)
+        except Exception:
+            logger.exception("Starting a durable turn failed; it runs without durability.")
+            return False
+        if not begun:
+            logger.info("The run %s no longer runs here; its turn gets no workflow.", state.run_id)
+        return begun
 
     async def take_over(self, workflow_input: dict[str, Any]) -> str:
         """The recovery path: rebuild the turn from its input, adopt its run and run it headless."""
@@ -360,11 +384,6 @@ async def _replayed(record: dict[str, Any], response: list[ModelResponse]) -> As
     if not isinstance(replayed, ModelResponse):
         raise DurableTurnError("A stored model request of this turn holds no model response.")
     response.append(replayed)
-
-
-def _end(ended: asyncio.Future[str]) -> None:
-    if not ended.done():
-        ended.set_result("ran")
 
 
 def _context(turn: ChatTurn) -> TurnContext:

@@ -335,6 +335,10 @@ class ChatEndpoint(Generic[ContextT]):
         followed = live.follow(identity, current.run_id, reset_step=query.resetStep == "1")
         return _FollowerResponse(followed)
 
+    @property
+    def runs_after_turn(self) -> bool:
+        return self.after_turn is not None
+
     async def after_saved_turn(
         self, turn: ChatTurn, messages: list[dict[str, Any]], response_message: dict[str, Any]
     ) -> None:

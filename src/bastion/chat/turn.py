@@ -92,6 +92,10 @@ class TurnOpener(Protocol):
     ) -> AgentStreamResponse:
         """The claimed turn `run` as a stream response: context, prepared session, stream, settlement."""
 
+    @property
+    def runs_after_turn(self) -> bool:
+        """Whether a completed turn has an `after_turn` to run once it is saved."""
+
     async def after_saved_turn(
         self, turn: ChatTurn, messages: list[dict[str, Any]], response_message: dict[str, Any]
     ) -> None:

@@ -108,8 +108,10 @@ class DurableEngine:
         conninfo: str,
         liveness: psycopg.AsyncConnection[Any],
         recovery_interval: float,
+        application_name: str = DEFAULT_APPLICATION_NAME,
     ) -> None:
         self.executor_id: Final = executor_id
+        self.application_name: Final = application_name
         self._conninfo = conninfo
         self._liveness = liveness
         self._recovery_interval = recovery_interval
@@ -150,7 +152,11 @@ class DurableEngine:
             await liveness.close()
             raise
         engine = cls(
-            executor_id=executor, conninfo=conninfo, liveness=liveness, recovery_interval=recovery_interval
+            executor_id=executor,
+            conninfo=conninfo,
+            liveness=liveness,
+            recovery_interval=recovery_interval,
+            application_name=application_name,
         )
         engine._janitor = asyncio.get_running_loop().create_task(engine._recover_forever(application_name))
         return engine

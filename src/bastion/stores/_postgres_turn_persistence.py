@@ -70,6 +70,7 @@ from bastion.stores.errors import (
     TurnConflictError,
 )
 from bastion.stores.live import LogCarry
+from bastion.stores.turn_workflows import TurnWorkflowRows, end_in_close
 
 
 class PostgresRunHost(Protocol):
@@ -123,14 +124,12 @@ class PostgresAgentPersistence(TurnPersistence):
     refused with `ConversationBusyError`, which carries `Retry-After`.
 
     A run a durable workflow runs (`bastion.durable`) is not replaced when its process dies while
-    that workflow waits, since a live process adopts it (`adopt_run`) and finishes it; only its
-    lease running out frees its conversation then. A durable chat turn's run is known by its
-    workflow's row (stores migration 0019), with no write of its own; `mark_durable` marks any
-    other run a workflow runs.
+    that workflow waits: a live process adopts it (`adopt_run`) and finishes it, and only its lease
+    running out frees its conversation then. A durable chat turn's run is known by its workflow's
+    row (`turn_workflows`, stores migrations 0019-0020); `mark_durable` marks any other run.
 
-    A turn's stream log set on its state (`TurnState.log`) rides its tool claims and its close: what
-    the log holds is stored in the same statement (`ChunkLog.carry`), so the log needs no
-    transaction of its own for it.
+    A turn's stream log (`TurnState.log`) rides its tool claims and its close, in the same statement
+    (`ChunkLog.carry`): the log needs no transaction of its own.
     """
 
     carries_stream_logs: ClassVar[bool] = True
@@ -181,6 +180,11 @@ class PostgresAgentPersistence(TurnPersistence):
         if adopted:
             self._store.leases.hold(state.run_id, self._lease_seconds)
         return adopted
+
+    @property
+    def turn_workflows(self) -> TurnWorkflowRows:
+        """The durable turns' workflow rows, written and ended beside their runs."""
+        return TurnWorkflowRows(self._store)
 
     def checkpoint(self, state: TurnState) -> TurnCheckpoints:
         """Make the run's turn checkpoint its model requests in the run's next writes, every write
@@ -527,8 +531,11 @@ class PostgresAgentPersistence(TurnPersistence):
                                 Jsonb(log.json(), dumps=_as_is),
                             ),
                         )
+                        ending = await end_in_close(conn, state)
                     closed = single_value(await cursor.fetchone())
             _stored(state, checkpoints)
+            if ending is not None and state.checkpoints is not None:
+                state.checkpoints.workflow_ended = True
         except BaseException:
             self._tails.evict(key)
             raise

@@ -10,6 +10,9 @@ lacks, and a finished tool's result is stored before the next request's answer c
 
 Every one of those writes is fenced by `worker`, the process running the run: once another process
 adopted the run they fail (the log's store nothing), so a zombie never writes over its successor.
+
+A turn this process began (not one it took over) names its workflow's executor (`workflow_executor`):
+its close then ends the workflow's row in the same transaction (`bastion.stores.turn_workflows`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class TurnCheckpoints:
 
     worker: int
     results: list[dict[str, Any]] = field(default_factory=list)
+    workflow_executor: str | None = None
+    workflow_ended: bool = False
     pending: dict[int, dict[str, Any]] = field(default_factory=dict)
     _logged: list[dict[str, Any]] = field(default_factory=list)
 
