@@ -496,3 +496,65 @@ async def test_a_durable_turn_whose_save_the_database_fails_still_ends_its_workf
             "SUCCESS",
             durable_engine.executor_id,
         )
+
+
+async def test_a_durable_turns_workflow_ends_after_its_after_turn_and_when_it_fails_before_streaming(
+    migrated_database: MigratedDatabase, durable_engine: DurableEngine
+) -> None:
+    """The close ends a turn's workflow row, unless the routes have an `after_turn`: then the row ends
+    after it ran, so a worker dying between the save and `after_turn` leaves the workflow for a take-over
+    that runs it. A turn that fails before it streams ends its row too: none stays pending while its
+    worker lives."""
+    project = Project()
+    headers = project.headers(str(uuid.uuid4()))
+    seen: list[tuple[str, str] | None] = []
+
+    async def after_turn(turn: Any, messages: Any, context: Any) -> None:
+        seen.append(workflow(migrated_database, turn.conversation_id, turn.run_id))
+
+    async def broken_context(turn: Any) -> Any:
+        # It fails once the turn's workflow row exists (the row is written while the turn is prepared).
+        await until(lambda: workflow(migrated_database, turn.conversation_id, turn.run_id) is not None, 10)
+        raise RuntimeError("the application's context failed")
+
+    async with await PostgresStore.open(migrated_database.app_dsn, max_size=4) as store:
+        async with (
+            serve(store, ScriptedModel(["Hello."]), durable_engine, project, after_turn=after_turn) as url,
+            httpx2.AsyncClient(timeout=30) as http,
+        ):
+            conversation = str(uuid.uuid4())
+            body = {"id": conversation, "messages": [user_message("hi")], "trigger": "submit-message"}
+            response = await http.post(f"{url}/api/chat", json=body, headers=headers)
+            assert response.status_code == 200
+            [(run_id, status, _)] = runs(migrated_database, conversation)
+            assert status == "completed"
+            assert seen == [("PENDING", durable_engine.executor_id)]
+            assert await finished(migrated_database, conversation, run_id) == (
+                "SUCCESS",
+                durable_engine.executor_id,
+            )
+
+        agent = define_agent(name=f"broken-{uuid.uuid4().hex[:6]}", instructions="Answer.")
+        routes = chat_routes(
+            agent=agent,
+            store=store,
+            model=ScriptedModel(["x"]),
+            context=broken_context,
+            durable=durable_engine,
+            after_turn=after_turn,  # so that the close does not end the row
+        )
+        async with (
+            served_here(create_agent_worker(env=project.env, routes=routes)) as url,
+            httpx2.AsyncClient(timeout=30) as http,
+        ):
+            conversation = str(uuid.uuid4())
+            body = {"id": conversation, "messages": [user_message("hi")], "trigger": "submit-message"}
+            response = await http.post(f"{url}/api/chat", json=body, headers=headers)
+            assert response.status_code >= 400
+            [(run_id, status, _)] = runs(migrated_database, conversation)
+            assert status == "failed"
+            assert workflow(migrated_database, conversation, run_id) == (
+                "SUCCESS",
+                durable_engine.executor_id,
+            )
+            assert len(seen) == 1  # no after_turn for a failed turn

@@ -6,16 +6,17 @@ Its input is plain data: the endpoint's name, the verified principal, the conver
 run ids, the run's state, the messages the turn runs on and the response message's id. DBOS is the
 envelope that outlives a process: the workflow's row, dead executors found, their work handed over.
 
-- The fast path has no queue: the POST claims the run as before, the workflow's row is written
-  while the turn is prepared, and the turn streams in the response's task once that row exists;
-  the workflow's body only waits for the turn to end. Nothing marks the run durable: the store
-  counts a run live while its workflow waits for a take-over.
+- The fast path has no queue and DBOS does not run it: the POST claims the run as before, the
+  store writes the workflow's row while the turn is prepared (`bastion.stores.turn_workflows`), the
+  turn streams in the response's task once that row exists, and its close ends the row. Nothing
+  marks the run durable: the store counts a run live while its workflow waits for a take-over.
 - Model requests are not DBOS steps. A finished request's record (its response and the chunks it
   streamed) is stored by the run's next write that happens anyway, in the same transaction, keyed by
   (run, step): the claim of its first tool or the turn's close (a log batch when the next request
   starts with no claim between: `bastion.stores.checkpoints`). So a request is stored before any of
-  its tools runs, and a turn costs DBOS only its workflow's row. Each of those writes is fenced by
-  the process running the run, so a process that lost its run to a successor cannot write over it.
+  its tools runs, and a turn costs DBOS nothing while its process lives. Each of those writes is
+  fenced by the process running the run, so a process that lost its run to a successor cannot
+  write over it.
   Tools are not steps either: their exactly-once guarantee stays the operation claim
   (`AgentRun.execute_tool`), which replays a completed call's stored output and refuses one whose
   outcome is unknown (unless the tool is idempotent).
