@@ -11,8 +11,9 @@ lacks, and a finished tool's result is stored before the next request's answer c
 Every one of those writes is fenced by `worker`, the process running the run: once another process
 adopted the run they fail (the log's store nothing), so a zombie never writes over its successor.
 
-A turn this process began (not one it took over) names its workflow's executor (`workflow_executor`):
-its close then ends the workflow's row in the same transaction (`bastion.stores.turn_workflows`).
+A turn this process began (not one it took over), on routes with no `after_turn`, names its
+workflow's executor (`workflow_executor`): its close then ends the workflow's row in the same
+transaction (`bastion.stores.turn_workflows`), and `workflow_ended` says it committed.
 """
 
 from __future__ import annotations
