@@ -471,3 +471,5 @@ async def test_a_turn_workflow_row_the_store_writes_is_one_dbos_reads_recovers_a
             load_output=False,
         )
         assert [w.workflow_id for w in finished] == [ended], "retention does not find the ended row."
+        # The handed-back row waits on the recovery queue: the next engine in this database must not run it.
+        await DBOS.delete_workflows_async([recovered, ended])

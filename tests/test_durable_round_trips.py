@@ -48,11 +48,13 @@ def lookup_tools(turn: Any) -> AgentTools:
 
 
 class WorkflowTrips:
-    """The round trips DBOS's engine makes for turn workflows: statements naming a turn's workflow id,
-    and the BEGIN and COMMIT of the transactions they ran in (none in autocommit)."""
+    """The round trips DBOS's engine makes for the workflows of this test's turns: statements naming
+    one of `conversations` in a turn's workflow id, and the BEGIN and COMMIT of the transactions they
+    ran in (none in autocommit). Other tests' workflows left in the database are not counted."""
 
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, conversations: set[str]) -> None:
         self.round_trips = 0
+        self._conversations = conversations
         self._engine = engine
         self._touched: set[int] = set()
         self._statements: dict[int, int] = {}
@@ -63,7 +65,8 @@ class WorkflowTrips:
     def _statement(self, conn: sa.Connection, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
         key = id(conn)
         self._statements[key] = self._statements.get(key, 0) + 1
-        if f"{WORKFLOW_NAME}:" in repr(parameters):
+        named = repr(parameters)
+        if any(f"{WORKFLOW_NAME}:{conversation}:" in named for conversation in self._conversations):
             self._touched.add(key)
         if conn.connection.dbapi_connection.autocommit:  # type: ignore[union-attr]
             self._end(conn)
@@ -129,7 +132,8 @@ async def round_trips_per_turn(database: MigratedDatabase, *, durable: bool) -> 
     the store's, and DBOS's for the turn's workflow."""
     project = Project()
     engine = await DurableEngine.launch(database.app_dsn, recovery_interval=60) if durable else None
-    workflows = WorkflowTrips(_get_dbos_instance()._sys_db.engine) if engine is not None else None
+    conversations: set[str] = set()
+    workflows = WorkflowTrips(_get_dbos_instance()._sys_db.engine, conversations) if engine else None
     try:
         with counting_proxy(database) as counter:
             dsn = database.cluster.dsn(database.name, user="bastion_app", host=counter.socket_dir)
@@ -146,7 +150,9 @@ async def round_trips_per_turn(database: MigratedDatabase, *, durable: bool) -> 
 
                     async def turn() -> None:
                         messages = [user_message("hi")]
-                        body = {"id": str(uuid.uuid4()), "messages": messages, "trigger": "submit-message"}
+                        conversation = str(uuid.uuid4())
+                        conversations.add(conversation)
+                        body = {"id": conversation, "messages": messages, "trigger": "submit-message"}
                         response = await http.post(f"{url}/api/chat", json=body, headers=headers)
                         assert response.status_code == 200 and '"finish"' in response.text
 
