@@ -2,8 +2,8 @@
 
 The store's connections go through a counting proxy (`tests.pg.RoundTripCounter`). DBOS talks to
 Postgres from threads of its own and polls its queues all the time, so its round trips are counted
-at its SQLAlchemy engine and only those of the turns' workflows are kept: every statement whose
-parameters name a turn's workflow id, with its transaction's BEGIN and COMMIT.
+at its SQLAlchemy engine and only those of this test's turns' workflows are kept: every statement
+whose parameters name one of their workflow ids, with its transaction's BEGIN and COMMIT.
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ class DurableEngine:
             recovery_interval=recovery_interval,
             application_name=application_name,
         )
-        engine._janitor = asyncio.get_running_loop().create_task(engine._recover_forever(application_name))
+        engine._janitor = asyncio.get_running_loop().create_task(engine._recover_forever())
         return engine
 
     async def register_queue(self, name: str, **limits: Any) -> Any:
@@ -166,8 +166,9 @@ class DurableEngine:
         limits.setdefault("polling_interval_sec", DEFAULT_QUEUE_POLLING_INTERVAL)
         return await DBOS.register_queue_async(name, **limits)
 
-    async def recover_dead_executors(self, application_name: str = DEFAULT_APPLICATION_NAME) -> list[str]:
-        """One janitor pass: hand the PENDING workflows of every dead executor back to the queues.
+    async def recover_dead_executors(self, application_name: str | None = None) -> list[str]:
+        """One janitor pass: hand the PENDING workflows of every dead executor of `application_name`
+        (by default this engine's application) back to the queues.
 
         An executor is dead when its liveness lock is free. The lock is held while recovering, so two
         janitors never recover one executor at once (recovering twice would be harmless anyway: a
@@ -177,7 +178,7 @@ class DurableEngine:
             f"select distinct executor_id from {DURABLE_SCHEMA}.workflow_status"
             " where status = 'PENDING' and application_name = %s and application_version = %s"
             " and executor_id <> %s",
-            (application_name, DURABLE_APPLICATION_VERSION, self.executor_id),
+            (application_name or self.application_name, DURABLE_APPLICATION_VERSION, self.executor_id),
         )
         recovered: list[str] = []
         for (executor,) in await cursor.fetchall():
@@ -194,10 +195,10 @@ class DurableEngine:
         self.recovered += recovered
         return recovered
 
-    async def _recover_forever(self, application_name: str) -> None:
+    async def _recover_forever(self) -> None:
         while not self._closed:
             try:
-                await self.recover_dead_executors(application_name)
+                await self.recover_dead_executors()
             except asyncio.CancelledError:
                 raise
             except Exception:
