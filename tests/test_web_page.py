@@ -34,7 +34,9 @@ MARKDOWN = (
     "```python\nprint('hello')\n```\n\n"
     "| Tool | State |\n| --- | --- |\n| save_note | approved |\n"
 )
-SLOW_WORDS = 60
+# A slow reply streams for about 5 s: the flow acts while it streams (scrolls, reloads, sends from a
+# second tab), with room for a loaded machine's stalls.
+SLOW_WORDS = 120
 PROVIDER_DETAIL = "upstream says: key sk-secret-123 is over quota"
 
 
@@ -70,7 +72,8 @@ async def run_page_flow(request: dict[str, Any]) -> dict[str, Any]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    stdout, stderr = await asyncio.wait_for(process.communicate(json.dumps(request).encode()), timeout=150)
+    flow = {**request, "slowWords": SLOW_WORDS}
+    stdout, stderr = await asyncio.wait_for(process.communicate(json.dumps(flow).encode()), timeout=150)
     assert process.returncode == 0, stderr.decode()[-3000:]
     seen: dict[str, Any] = json.loads(stdout)
     assert "failure" not in seen["steps"], seen["steps"]["failure"]

@@ -29,10 +29,20 @@ const consoleErrors = [];
 let shot = 0;
 
 let lastPage = null;
+let tabs = 0;
+const chatResponses = [];
 
 function watch(page) {
   lastPage = page;
   page.setDefaultTimeout(10000);
+  const tab = (tabs += 1);
+  // The chat routes' answers, newest last: a failure says which sends and resumes were refused.
+  page.on('response', response => {
+    const url = new URL(response.url());
+    if (!url.pathname.startsWith('/api/chat')) return;
+    chatResponses.push(`tab ${tab}: ${response.request().method()} ${url.pathname} ${response.status()}`);
+    if (chatResponses.length > 12) chatResponses.shift();
+  });
   page.on('pageerror', error => pageErrors.push(String(error)));
   page.on('console', message => {
     // A refused request is logged by the browser itself; the page shows those in words.
@@ -59,6 +69,25 @@ const conversationTitles = page =>
 async function send(page, text) {
   await page.fill('#prompt', text);
   await page.press('#prompt', 'Enter');
+}
+
+// Sent, and its own reply is streaming (word3 shown under that message). Waiting for word3 in the last
+// reply alone would match an earlier slow reply before the page has even added the new message.
+async function sendUntilReplying(page, text) {
+  await send(page, text);
+  await page.waitForFunction(asked => {
+    const [question, reply] = [...document.querySelectorAll('#messages > article')].slice(-2);
+    return question?.innerText === asked && reply?.classList.contains('assistant') && /word3\b/.test(reply.innerText);
+  }, text);
+}
+
+// The slow reply shown last has streamed its last word.
+async function slowReplyEnded(page) {
+  await page.waitForFunction(
+    last => new RegExp(`\\b${last}\\b`).test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''),
+    `word${request.slowWords - 1}`,
+    { timeout: 30000 },
+  );
 }
 
 // Sent and answered: a new user message, an assistant message after it, and the Send button back.
@@ -239,8 +268,7 @@ async function development() {
   steps.feedback = { shown: await page.textContent('.feedback-sent'), statuses: [...feedbackResponses] };
   await screenshot(page, 'feedback');
   // A long reply: scrolling up is respected while it streams; Stop ends it.
-  await send(page, 'slow please');
-  await page.waitForFunction(() => /word3\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''));
+  await sendUntilReplying(page, 'slow please');
   await page.$eval('#messages', node => {
     node.scrollTop = 0;
     node.dispatchEvent(new Event('scroll'));
@@ -374,10 +402,9 @@ async function development() {
   };
 
   // Reload in the middle of a reply: the resume route carries the reply on after the reload.
-  await send(page, 'slow please');
-  await page.waitForFunction(() => /word3\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''));
+  await sendUntilReplying(page, 'slow please');
   await page.reload();
-  await page.waitForFunction(() => /word59\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''), null, { timeout: 20000 });
+  await slowReplyEnded(page);
   await idle(page);
   await runSettled(page);
   steps.resumed = {
@@ -395,15 +422,14 @@ async function development() {
   await otherTab.goto(`${request.url}#${firstId}`);
   await otherTab.waitForSelector('.tool-card[data-state="output-available"]');
   await idle(otherTab);
-  await send(page, 'slow please, once more');
-  await page.waitForFunction(() => /word3\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''));
+  await sendUntilReplying(page, 'slow please, once more');
   const busyResponse = otherTab.waitForResponse(r => r.url().endsWith('/api/chat') && r.request().method() === 'POST');
   await send(otherTab, 'sent while busy');
   const refusedAs = await (await busyResponse).json().catch(() => null);
   await otherTab.waitForSelector('#chat-error');
   const busyShown = await otherTab.textContent('#chat-error');
   const inputWhileBusy = await otherTab.inputValue('#prompt');
-  await otherTab.waitForFunction(() => /word59\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''), null, { timeout: 20000 });
+  await slowReplyEnded(otherTab);
   await idle(otherTab);
   const busyRetry = await otherTab.isVisible('#chat-error button');
   await screenshot(otherTab, 'busy');
@@ -430,11 +456,7 @@ async function development() {
   // that reply answers stays where it is, not moved back into the box as a refused send would be.
   await page.reload(); // the first tab learns of the second tab's turn
   await page.waitForSelector('.tool-card[data-state="output-available"]');
-  await send(page, 'slow please, a third time');
-  await page.waitForFunction(() => {
-    const [asked, reply] = [...document.querySelectorAll('#messages > article')].slice(-2);
-    return asked?.innerText === 'slow please, a third time' && /word3\b/.test(reply?.innerText ?? '');
-  });
+  await sendUntilReplying(page, 'slow please, a third time');
   const resumeRoute = url => url.pathname.endsWith('/stream');
   await page.route(resumeRoute, route => route.fulfill({ status: 503, contentType: 'text/plain', body: 'db-7 down' }));
   await page.reload();
@@ -445,7 +467,7 @@ async function development() {
   // Retry follows the reply again (or shows the server's copy, had it finished meanwhile).
   await page.unroute(resumeRoute);
   await page.click('#chat-error button');
-  await page.waitForFunction(() => /word59\b/.test(document.querySelector('#messages > article:last-of-type.assistant')?.innerText ?? ''), null, { timeout: 20000 });
+  await slowReplyEnded(page);
   await idle(page);
   await runSettled(page);
   steps.resumeRefused = {
@@ -762,7 +784,7 @@ try {
     await phone();
   }
 } catch (error) {
-  steps.failure = String(error.stack || error);
+  steps.failure = `${error.stack || error}\nThe chat routes answered, newest last:\n${chatResponses.join('\n')}`;
   if (lastPage) await screenshot(lastPage, 'failure').catch(() => {});
 } finally {
   await browser.close();
